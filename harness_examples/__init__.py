@@ -1,0 +1,1 @@
+"""harnessrl.harness_examples"""

@@ -1,0 +1,81 @@
+"""Opening the records DB: a SQLite file (WAL) by default, PostgreSQL by URL; migrations on open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+import harnessrl
+from harnessrl.errors import UserError
+
+
+class DBError(UserError):
+    """A records DB that cannot be opened or migrated (reported as a one-line CLI error)."""
+
+
+def db_url(target: str) -> str:
+    """`runs.db` → `sqlite:///runs.db`; URLs (`postgresql+psycopg://…`) pass through."""
+    if "://" in target:
+        return target
+    return f"sqlite:///{Path(target).expanduser()}"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL + synchronous=NORMAL: a commit survives a killed process (SIGKILL); busy_timeout
+    # lets the compiler read while the proxy writes.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(target: str) -> Engine:
+    url = db_url(target)
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            parent = Path(path).parent
+            if not parent.exists():
+                raise DBError(f"directory for the DB does not exist: {parent}")
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _script_location() -> str:
+    # `alembic/` has no __init__.py on purpose (it would shadow the alembic library when
+    # run from the repo root), so it is found by path: beside the package in a checkout,
+    # inside it (harnessrl/migrations) in a built wheel.
+    root = Path(harnessrl.__file__).resolve().parent
+    for candidate in (root.parent / "alembic", root / "migrations"):
+        if (candidate / "env.py").exists():
+            return str(candidate)
+    raise DBError("the records DB migrations (alembic/) are missing from this installation")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Run the Alembic migrations up to `revision` on this engine."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", _script_location())
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    except Exception as exc:  # noqa: BLE001 - surfaced as one line to the user
+        raise DBError(f"cannot open or migrate the records DB {engine.url!r}: {exc}") from exc
+
+
+def open_db(target: str, migrate: bool = True) -> tuple[Engine, sessionmaker[Session]]:
+    """Engine and session factory for a DB path or URL, migrated to head."""
+    engine = make_engine(target)
+    if migrate:
+        upgrade(engine)
+    return engine, sessionmaker(engine, expire_on_commit=False)

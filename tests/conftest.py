@@ -1,0 +1,71 @@
+"""Shared fixtures: the tiny model (built once per session, cached by source hash) and
+records-DB targets for SQLite and the PostgreSQL server on 127.0.0.1:5432."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+PG_URL = os.environ.get("HARNESSRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+_CACHE = Path(os.environ.get("HARNESSRL_CACHE", Path.home() / ".cache" / "harnessrl"))
+
+
+def _tiny_model_key() -> str:
+    import harnessrl.tiny_model as tm
+
+    src = Path(tm.__file__).read_bytes() + Path(tm.__file__).with_name("chat_template.jinja").read_bytes()
+    return hashlib.sha256(src).hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny test model; rebuilt only when tiny_model.py or the chat template change."""
+    from filelock import FileLock
+
+    from harnessrl.tiny_model import build_tiny_model
+
+    out = _CACHE / f"tiny-{_tiny_model_key()}"
+    _CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not (out / "config.json").exists():
+            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+            build_tiny_model(tmp)
+            tmp.rename(out)
+    return out
+
+
+def pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """A fresh PostgreSQL schema on the local server, dropped afterwards."""
+    import psycopg
+
+    if not pg_available():
+        pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 (the DB suite runs against it)")
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", autocommit=True) as c:
+        c.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_target(request, tmp_path) -> str:
+    """Run a DB test against a SQLite file and against PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "runs.db")
+    return request.getfixturevalue("pg_url")
