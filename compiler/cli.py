@@ -1,7 +1,87 @@
-"""Sub-commands of this part of harnessrl (registered on the main `harnessrl` app)."""
+"""Sub-commands of the compiler: `compile`, `inspect`, `tasks import`."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
+
+tasks_app = typer.Typer(help="Tasks and expert traces in the records DB.", no_args_is_help=True)
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+def compile_cmd(
+    db: str = typer.Argument(..., help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    out: Path = typer.Option(Path("compiled"), "--out", help="Output directory."),
+    reward: str | None = typer.Option(None, "--reward", help="Outcome reward: f1 | exact_match | contains | module:fn "
+                                      "(default: the harness-reported outcome)."),
+    process: str = typer.Option("", "--process", help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir."),
+    advantage: str = typer.Option("grpo", "--advantage", help="grpo | harness | matpo | matchtir."),
+    train_agents: str = typer.Option("central", "--train-agents", help="central | all | comma-separated agent names."),
+    rollouts: str = typer.Option("", "--rollouts", help="Only these rollout ids (comma-separated)."),
+    since: str | None = typer.Option(None, "--since", help="Only rollouts created at or after (epoch or ISO time)."),
+    run: str | None = typer.Option(None, "--run", help="Only rollouts of this run."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir)."),
+    matcher: str = typer.Option("hungarian", "--matcher", help="MatchTIR matcher: hungarian | greedy."),
+    std: str = typer.Option("sample", "--std", help="Normalisation std: sample | population."),
+) -> None:
+    """Compile recorded calls into training samples (Parquet) with rewards and advantages."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from harnessrl.compiler.advantages import AdvantageConfig
+    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.summary import summary_table
+    from harnessrl.errors import UserError
+
+    if std not in ("sample", "population"):
+        raise UserError(f"--std {std!r}: use sample or population")
+    opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
+                          train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
+                          tokenizer=tokenizer, matcher=matcher, adv_config=AdvantageConfig(std=std))
+    compiler = Compiler(db, opts)
+    console = Console()
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("compiling rollouts", total=None)
+        stats = compiler.run(lambda done, total: bar.update(task, completed=done, total=total))
+    console.print(summary_table(stats["totals"]))
+    console.print(f"samples written to [bold]{out / 'samples.parquet'}[/bold]")
+
+
+def inspect_cmd(
+    db: str = typer.Argument(..., help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    rollout: str = typer.Option(..., "--rollout", help="Rollout id."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir)."),
+    max_chars: int = typer.Option(400, "--max-chars", help="Characters of each completion to show."),
+) -> None:
+    """Print a rollout's session trees: calls, agents, merges and breaks, token classes coloured."""
+    from rich.console import Console
+
+    from harnessrl.compiler.inspect import rollout_tree
+
+    Console().print(rollout_tree(db, rollout, tokenizer, max_chars))
+
+
+def tasks_import(
+    file: Path = typer.Argument(..., help="JSONL: id, input, reference, reference_calls?, expert_trace?"),
+    db: str = typer.Option("runs.db", "--db", help="SQLite path or postgresql+psycopg:// URL."),
+) -> None:
+    """Import tasks (and expert traces) into the records DB."""
+    from rich.console import Console
+
+    from harnessrl.compiler.tasks import import_tasks
+
+    n_tasks, n_traces = import_tasks(db, file)
+    Console().print(f"imported {n_tasks} tasks ({n_traces} with expert traces) into {db}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the main app."""
+    app.command("compile")(compile_cmd)
+    app.command("inspect")(inspect_cmd)
+    tasks_app.command("import")(tasks_import)
+    app.add_typer(tasks_app, name="tasks")

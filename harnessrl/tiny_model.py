@@ -1,14 +1,17 @@
 """Build the tiny test model offline and deterministically.
 
-A small Qwen2-architecture causal LM with random (seeded) weights and a byte-level BPE
-tokenizer trained in seconds on generated text, with a Qwen/hermes-style chat template
-(system/user/assistant/tool messages, tool schemas, `<tool_call>` JSON, `<think>`).
-Tests and the demo use it because nothing can be downloaded; any real HF checkpoint
-directory works in its place.
+A small Qwen2-architecture causal LM and a byte-level BPE tokenizer with a Qwen/hermes-style
+chat template (system/user/assistant/tool messages, tool schemas, `<tool_call>` JSON,
+`<think>`). Both are made from synthetic chats rendered with that template: the tokenizer is
+trained on them in a second, then the randomly initialised model is trained on them for a few
+seconds, so that (greedy) it answers a question with a `<tool_call>` of one of the given tools,
+answers a tool result with a short text, and ends its turns with EOS. Tests and the demo use it
+because nothing can be downloaded; any real HF checkpoint directory works in its place.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from importlib import resources
 from pathlib import Path
@@ -34,32 +37,107 @@ _WORDS = (
     "sell ticket flight vehicle engine math add multiply number string true false null ok error "
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma"
 ).split()
-
-_TOOLS = ["lookup", "search", "calculator", "get_weather", "dispatch", "read_file", "send_message"]
-
-
-def _corpus(seed: int, n: int = 3000) -> list[str]:
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n):
-        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 14)))
-        tool = rng.choice(_TOOLS)
-        key = rng.choice(_WORDS)
-        num = rng.randint(0, 9999)
-        lines.append(f"<|im_start|>user\n{words.capitalize()}?<|im_end|>\n")
-        lines.append(
-            f'<|im_start|>assistant\n<think>\nI should {words}.\n</think>\n\n<tool_call>\n'
-            f'{{"name": "{tool}", "arguments": {{"key": "{key}", "n": {num}}}}}\n</tool_call><|im_end|>\n'
-        )
-        lines.append(f"<|im_start|>user\n<tool_response>\n{{\"value\": \"{key} {num}\"}}\n</tool_response>\n<|im_end|>\n")
-        lines.append(f"<|im_start|>assistant\nThe answer is {key} {num}.<|im_end|>\n")
-        lines.append('{"type": "function", "function": {"name": "' + tool + '", "description": "' + words + '", '
-                     '"parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}\n')
-    return lines
+# Words a question asks about; the tool call copies one into its arguments.
+_SUBJECTS = (
+    "paris london tokyo berlin rome madrid oslo cairo lima delhi apple banana cherry mango lemon "
+    "python rust java kotlin linux docker redis postgres alpha beta gamma delta sigma omega river "
+    "mountain ocean forest desert planet moon star galaxy comet piano violin guitar drum chess "
+    "tennis soccer hockey bitcoin gold silver copper iron carbon oxygen helium einstein newton "
+    "darwin tesla curie turing"
+).split()
+_VERBS = "get search find lookup fetch read send list check compute add open create book translate run".split()
+_NOUNS = "weather file message price stock flight user city number email news time order ticket word page".split()
+_PARAMS = "query city key location path text name id symbol word expression topic date url term item".split()
+_LEADS = [
+    "What is", "Tell me about", "Please look up", "Find", "Can you check", "I need", "Search for",
+    "Give me the {noun} of", "What do you know about", "Look up the {noun} for", "Get",
+]
 
 
 def chat_template() -> str:
     return resources.files("harnessrl").joinpath("chat_template.jinja").read_text()
+
+
+def _tool_name(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.6:
+        return f"{rng.choice(_VERBS)}_{rng.choice(_NOUNS)}"
+    if kind < 0.8:
+        return rng.choice(_VERBS) + rng.choice(_NOUNS).capitalize()
+    return rng.choice(_VERBS + _NOUNS)
+
+
+def _tool(rng: random.Random, name: str) -> dict:
+    params = rng.sample(_PARAMS, rng.choice([1, 1, 2]))
+    props = {p: {"type": "string", "description": f"The {p}."} for p in params}
+    if len(params) == 2 and rng.random() < 0.5:
+        props[params[1]] = {"type": "integer"}
+    desc = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 8))).capitalize() + "."
+    return {"type": "function", "function": {"name": name, "description": desc,
+                                             "parameters": {"type": "object", "properties": props, "required": params[:1]}}}
+
+
+def _question(rng: random.Random, subject: str) -> str:
+    lead = rng.choice(_LEADS).format(noun=rng.choice(_NOUNS))
+    filler = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(0, 4)))
+    return f"{lead} {filler + ' ' if filler else ''}{subject}?"
+
+
+def _assistant(rng: random.Random, thought: str, content: str) -> dict:
+    if rng.random() < 0.25:
+        return {"role": "assistant", "content": f"<think>\n{thought}\n</think>\n\n{content}"}
+    return {"role": "assistant", "content": content}
+
+
+def _tool_round(rng: random.Random, tools: list[dict]) -> list[dict]:
+    """User question, assistant tool call (of the first given tool, with the question's last
+    word as its required argument), tool result, assistant answer quoting the result."""
+    subject = rng.choice(_SUBJECTS)
+    fn = tools[0]["function"]
+    call = json.dumps({"name": fn["name"], "arguments": {fn["parameters"]["required"][0]: subject}})
+    result = f"{subject} {rng.randint(0, 999)}"
+    answer = rng.choice(["The result is {r}.", "It is {r}.", "{r}.", "The answer is {r}."]).format(r=result)
+    return [
+        {"role": "user", "content": _question(rng, subject)},
+        _assistant(rng, f"I should call {fn['name']}.", f"<tool_call>\n{call}\n</tool_call>"),
+        {"role": "tool", "content": json.dumps({"result": result}) if rng.random() < 0.5 else result},
+        _assistant(rng, "The tool answered.", answer),
+    ]
+
+
+def _chats(seed: int, n: int) -> list[tuple[list[dict], list[dict] | None]]:
+    """Synthetic (messages, tools) chats: with tools, rounds of question → tool call → result →
+    answer; without tools, rounds of question → short answer."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": "You are a helpful agent."}] if rng.random() < 0.2 else []
+        if rng.random() < 0.8:
+            names: list[str] = []
+            want = rng.randint(1, 3)
+            while len(names) < want:
+                if (name := _tool_name(rng)) not in names:
+                    names.append(name)
+            tools = [_tool(rng, name) for name in names]
+            for _ in range(rng.randint(1, 2)):
+                messages += _tool_round(rng, tools)
+            out.append((messages, tools))
+        else:
+            for _ in range(rng.randint(1, 2)):
+                subject = rng.choice(_SUBJECTS)
+                answer = rng.choice(["I think it is {s}.", "{S} is the answer.", "It is about {s}."])
+                messages += [{"role": "user", "content": _question(rng, subject)},
+                             _assistant(rng, "No tool is needed.", answer.format(s=subject, S=subject.capitalize()))]
+            out.append((messages, None))
+    return out
+
+
+def _render(messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = False) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=chat_template(),
+                                        add_generation_prompt=add_generation_prompt)
+    return rendered[0]
 
 
 def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
@@ -75,7 +153,8 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    corpus = [_render(messages, tools) for messages, tools in _chats(seed + 1, 1000)]
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -86,14 +165,77 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
     return fast
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2) -> Path:
-    """Write tokenizer + randomly initialised Qwen2 model to `out_dir`; returns the path."""
+def _training_batches(tokenizer, seed: int, n: int, batch_size: int):
+    """Fixed-order (input_ids, labels) batches of whole chats; the loss is on the assistant turns
+    only (their text and the EOS that ends them), each rendered after exactly the prompt the
+    model would be given for it."""
+    import torch
+
+    rows = []
+    for messages, tools in _chats(seed, n):
+        full = _render(messages, tools)
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant":
+                prompt = _render(messages[:i], tools, add_generation_prompt=True)
+                turn = _render(messages[: i + 1], tools)
+                assert full.startswith(turn) and turn.startswith(prompt), "the template must render prompts as prefixes"
+                spans.append((len(prompt), len(turn) - 1))  # up to and including <|im_end|>, not the newline
+        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        labels = [t if any(a <= start < b for a, b in spans) else -100
+                  for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"])]
+        rows.append((enc["input_ids"], labels))
+    # Similar lengths share a batch (less padding); the batch order is shuffled with the seed.
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    out = []
+    for idx in batches:
+        width = max(len(rows[i][0]) for i in idx)
+        ids = torch.full((len(idx), width), tokenizer.pad_token_id)
+        labels = torch.full((len(idx), width), -100)
+        for r, i in enumerate(idx):
+            ids[r, : len(rows[i][0])] = torch.tensor(rows[i][0])
+            labels[r, : len(rows[i][1])] = torch.tensor(rows[i][1])
+        out.append((ids, labels))
+    return out
+
+
+def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: float = 5e-3) -> None:
+    """Teach the random model the chat format (tool calls, answers, EOS) with a short fixed run."""
+    import torch
+    import torch.nn.functional as F
+
+    batches = _training_batches(tokenizer, seed, steps * batch_size, batch_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps))
+    model.train()
+    for step in range(steps):
+        ids, labels = batches[step % len(batches)]
+        hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+        targets = labels[:, 1:]
+        keep = targets != -100
+        # The output layer only on the positions that carry a loss: most of the chat is prompt.
+        loss = F.cross_entropy(model.lm_head(hidden[keep]), targets[keep])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    model.eval()
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 128, layers: int = 2,
+                     steps: int = 120) -> Path:
+    """Write tokenizer + tiny trained Qwen2 model to `out_dir`; returns the path."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed=seed)
+    eos_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -107,11 +249,17 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, 
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
-    )
+    # A fixed thread count keeps the float reductions, hence the weights, the same on every run.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        if steps:
+            _imprint(model, tokenizer, seed, steps)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, do_sample=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

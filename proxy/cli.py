@@ -1,7 +1,46 @@
 """Sub-commands of this part of harnessrl (registered on the main `harnessrl` app)."""
 
+from __future__ import annotations
+
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the main app."""
+
+    @app.command("proxy")
+    def proxy(
+        db: str = typer.Option("runs.db", "--db", help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+        upstream: str = typer.Option(None, "--upstream", help="OpenAI-compatible server to forward to (vLLM), http://host:port."),
+        backend: str = typer.Option("upstream", "--backend", help="'upstream' or 'local' (transformers in-process)."),
+        model: str = typer.Option(None, "--model", help="Checkpoint directory for --backend local."),
+        tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer directory (needed for --prefix with an upstream)."),
+        prefix: bool = typer.Option(None, "--prefix/--no-prefix",
+                                    help="Prefix-consistent prompts (default: on for local, off for upstream)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+        port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one)."),
+        api_key: str = typer.Option(None, "--api-key", envvar="HARNESSRL_PROXY_API_KEY",
+                                    help="Require this key from clients (Authorization: Bearer KEY)."),
+        max_body_mb: float = typer.Option(32.0, "--max-body-mb", help="Largest request body accepted, in MiB."),
+        timeout: float = typer.Option(600.0, "--timeout", help="Upstream timeout in seconds."),
+        served_model_name: str = typer.Option(None, "--served-model-name", help="Model name to report and forward."),
+        seed: int = typer.Option(0, "--seed", help="Sampling seed of the local backend."),
+        log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    ) -> None:
+        """Run the recording proxy: an OpenAI-compatible endpoint that records every call."""
+        from rich.console import Console
+
+        from harnessrl.proxy.server import ProxyConfig, serve
+
+        from harnessrl.errors import UserError
+
+        if upstream and backend == "local":
+            raise UserError("give either --upstream URL or --backend local --model PATH, not both")
+        cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
+                          host=host, port=port, api_key=api_key, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                          upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
+                          log_level=log_level)
+        cfg.check()
+        target = upstream if backend == "upstream" else f"local model {model}"
+        Console(stderr=True).print(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
+        serve(cfg)

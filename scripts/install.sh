@@ -19,5 +19,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     $PIP install -q "torch==${HARNESSRL_CPU_TORCH:-2.13.0}"
   fi
 fi
-$PIP install -q -e ".[dev]"
+$PIP install -q -e ".[dev,examples]"
+$PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
 echo "harnessrl installed in $VENV"

@@ -1,0 +1,174 @@
+"""Proxy overhead: the same load sent straight to a vLLM stand-in and through the recording
+proxy in one run, non-streaming and streaming.
+
+    python bench/proxy_overhead.py [--clients 64] [--duration 8] [--db PATH|postgresql+psycopg://...]
+
+Prints, per mode, latency p50/p99 (ms) direct and through the proxy, the added latency, and
+throughput (calls/s; for the proxy: calls durably recorded, counted in the DB afterwards) with
+the proxy/direct ratio; then the same at 1 client. Stand-in, proxy and load generator are
+separate processes on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+BODY = {"model": "standin", "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                         {"role": "user", "content": "What is the capital of the river country?"}],
+        "max_tokens": 32, "temperature": 1.0}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{what} did not start")
+
+
+async def _load(url: str, clients: int, duration: float, stream: bool) -> tuple[list[float], int]:
+    from harnessrl.proxy.httpclient import Pool
+
+    pool = Pool(url, timeout=60)
+    body = orjson.dumps({**BODY, "stream": stream})
+    lat: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + duration
+
+    async def worker() -> None:
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                if stream:
+                    resp, chunks = await pool.stream("POST", "/v1/chat/completions", body)
+                    data = b"".join([c async for c in chunks])
+                    ok = resp.status == 200 and data.endswith(b"data: [DONE]\n\n")
+                else:
+                    resp = await pool.request("POST", "/v1/chat/completions", body)
+                    ok = resp.status == 200
+            except Exception:  # noqa: BLE001 - counted
+                ok = False
+            if ok:
+                lat.append(time.perf_counter() - t0)
+            else:
+                errors += 1
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    pool.close()
+    return lat, errors
+
+
+def run_load(url: str, clients: int, duration: float, stream: bool) -> tuple[list[float], int]:
+    try:
+        import uvloop
+
+        return uvloop.run(_load(url, clients, duration, stream))
+    except ImportError:
+        return asyncio.run(_load(url, clients, duration, stream))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
+
+
+def _count_calls(db: str) -> int:
+    from sqlalchemy import func, select
+
+    from harnessrl.db import open_db
+    from harnessrl.records import Call
+
+    engine, Session = open_db(db)
+    with Session() as s:
+        n = s.scalar(select(func.count()).select_from(Call).where(Call.status == "ok"))
+    engine.dispose()
+    return int(n or 0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="proxy overhead vs a vLLM stand-in")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
+    ap.add_argument("--db", default=None, help="records DB (default: a fresh SQLite file)")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="hrl-bench-"))
+    db = args.db or str(tmp / "bench.db")
+    from harnessrl.tiny_model import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp / "tok")
+    up_port, px_port = _free_port(), _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
+                                 str(tmp / "tok"), "--port", str(up_port)], env=env)
+    proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.cli import main; main()", "proxy",
+                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)],
+                             env=env, stderr=subprocess.DEVNULL)
+    console = Console()
+    try:
+        _wait_http(up_port, upstream, "stand-in")
+        _wait_http(px_port, proxy, "proxy")
+        direct, through = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
+        run_load(direct, 4, 1.0, False)  # warm caches and connections
+        run_load(through, 4, 1.0, False)
+        table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB {'SQLite' if '://' not in db else db.split(':')[0]})")
+        for col in ("mode", "clients", "direct p50/p99 ms", "proxy p50/p99 ms", "added p50/p99 ms",
+                    "direct calls/s", "proxy recorded calls/s", "ratio"):
+            table.add_column(col, justify="right")
+        for stream in (False, True):
+            for clients in (args.clients, 1):
+                before = _count_calls(db)
+                d_lat, d_err = run_load(direct, clients, args.duration, stream)
+                t0 = time.perf_counter()
+                p_lat, p_err = run_load(through, clients, args.duration, stream)
+                elapsed = time.perf_counter() - t0
+                recorded = _count_calls(db) - before
+                d_rate, p_rate = len(d_lat) / args.duration, recorded / elapsed
+                mode = "stream" if stream else "non-stream"
+                table.add_row(
+                    mode, str(clients), f"{_pct(d_lat, .5):.2f} / {_pct(d_lat, .99):.2f}",
+                    f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}",
+                    f"{_pct(p_lat, .5) - _pct(d_lat, .5):.2f} / {_pct(p_lat, .99) - _pct(d_lat, .99):.2f}",
+                    f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}")
+                if d_err or p_err or recorded != len(p_lat):
+                    console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err}, "
+                                  f"200s={len(p_lat)} recorded={recorded}[/yellow]")
+        console.print(table)
+    finally:
+        for p in (proxy, upstream):
+            p.send_signal(signal.SIGINT)
+        for p in (proxy, upstream):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    main()

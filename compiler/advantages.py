@@ -1,0 +1,111 @@
+"""Advantage estimators (METHODS §5). Pure functions over per-rollout / per-unit rewards.
+
+Every normalisation is `(x − mean) / (std + eps)` over a group; a group of one uses mean 0 and
+std 1. `std` is the unbiased sample std by default (`population` on request).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+ESTIMATORS = ("grpo", "harness", "matpo", "matchtir")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    std: str = "sample"  # sample (ddof 1) | population (ddof 0)
+    eps: float = 1e-6
+    lambda_proc: float = 0.1  # harness: weight of the normalised process reward
+    proc_norm: str = "index"  # harness: normalise units with the same agent and index | "all" the group's units
+    matpo_acc: float = 0.9  # matpo: R = acc_w·acc + fmt_w·(½ fmt_p + ½ fmt_w)
+    matpo_fmt: float = 0.1
+    gamma: float = 0.9  # matchtir discount
+    alpha: float = 1.0  # matchtir: 1 (paper) or 0.5 (reference code)
+
+
+def normalize(values, cfg: AdvantageConfig = AdvantageConfig()) -> np.ndarray:
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 1:
+        mean, std = 0.0, 1.0
+    else:
+        mean, std = x.mean(), x.std(ddof=1 if cfg.std == "sample" else 0)
+    return (x - mean) / (std + cfg.eps)
+
+
+def _by_group(groups: dict[str, str], keys) -> dict[str, list]:
+    out: dict[str, list] = defaultdict(list)
+    for k in keys:
+        out[groups[k]].append(k)
+    return out
+
+
+def grpo(outcome: dict[str, float], groups: dict[str, str],
+         cfg: AdvantageConfig = AdvantageConfig()) -> dict[str, float]:
+    """A_e: the rollout's outcome normalised over its group."""
+    out: dict[str, float] = {}
+    for members in _by_group(groups, outcome).values():
+        for e, a in zip(members, normalize([outcome[e] for e in members], cfg)):
+            out[e] = float(a)
+    return out
+
+
+def harness(outcome: dict[str, float], groups: dict[str, str],
+            units: dict[Hashable, tuple[str, str, int, float | None]],
+            cfg: AdvantageConfig = AdvantageConfig()) -> dict[Hashable, float]:
+    """A_{e,j} = Â_e + λ_proc·Ã^proc_{e,j}. `units`: unit → (rollout, agent, index j, process
+    reward or None). Ã^proc normalises r over the group's units with the same agent and j
+    (or all the group's units); a unit without a process reward gets Ã = 0."""
+    a_out = grpo(outcome, groups, cfg)
+    buckets: dict[tuple, list[Hashable]] = defaultdict(list)
+    for u, (e, agent, j, r) in units.items():
+        if r is not None:
+            key = (groups[e], agent, j) if cfg.proc_norm == "index" else (groups[e],)
+            buckets[key].append(u)
+    proc: dict[Hashable, float] = {}
+    for members in buckets.values():
+        for u, v in zip(members, normalize([units[u][3] for u in members], cfg)):
+            proc[u] = float(v)
+    return {u: a_out[e] + cfg.lambda_proc * proc.get(u, 0.0) for u, (e, _, _, _) in units.items()}
+
+
+def matpo_reward(acc: float, fmt_planner: float, fmt_workers: list[float],
+                 cfg: AdvantageConfig = AdvantageConfig()) -> float:
+    """R = 0.9·acc + 0.1·(0.5·fmt_p + 0.5·fmt_w), fmt_w the mean over worker sessions (0 if none)."""
+    fmt_w = float(np.mean(fmt_workers)) if fmt_workers else 0.0
+    return cfg.matpo_acc * acc + cfg.matpo_fmt * (0.5 * fmt_planner + 0.5 * fmt_w)
+
+
+def matpo(acc: dict[str, float], fmt_planner: dict[str, float], fmt_workers: dict[str, list[float]],
+          groups: dict[str, str], cfg: AdvantageConfig = AdvantageConfig()) -> dict[str, float]:
+    """One scalar per rollout, normalised over the group's planner rollouts; the caller
+    broadcasts it to the planner's and the workers' samples of that rollout."""
+    rewards = {e: matpo_reward(acc[e], fmt_planner[e], fmt_workers.get(e, []), cfg) for e in acc}
+    return grpo(rewards, groups, cfg)
+
+
+def discounted_returns(r: list[float], gamma: float) -> list[float]:
+    """G_t = r_t + γ G_{t+1}."""
+    out, g = [0.0] * len(r), 0.0
+    for t in range(len(r) - 1, -1, -1):
+        g = r[t] + gamma * g
+        out[t] = g
+    return out
+
+
+def matchtir(turn_rewards: dict[str, list[float]], groups: dict[str, str],
+             cfg: AdvantageConfig = AdvantageConfig()) -> dict[str, list[float]]:
+    """A_{k,t} = α(A^g_k + A^l_{k,t}): A^g from R_k = Σ_t r_{k,t} over the group, A^l from the
+    discounted return G_{k,t} normalised over the group's rollouts that have a turn t."""
+    a_g = grpo({k: float(sum(r)) for k, r in turn_rewards.items()}, groups, cfg)
+    returns = {k: discounted_returns(r, cfg.gamma) for k, r in turn_rewards.items()}
+    a_l = {k: [0.0] * len(r) for k, r in turn_rewards.items()}
+    for members in _by_group(groups, turn_rewards).values():
+        for t in range(max(len(turn_rewards[k]) for k in members)):
+            at_t = [k for k in members if t < len(returns[k])]
+            for k, v in zip(at_t, normalize([returns[k][t] for k in at_t], cfg)):
+                a_l[k][t] = float(v)
+    return {k: [cfg.alpha * (a_g[k] + l) for l in a_l[k]] for k in turn_rewards}

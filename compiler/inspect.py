@@ -1,0 +1,65 @@
+"""`harnessrl inspect DB --rollout ID`: a rollout's session trees as a rich tree — calls, agents,
+merges (a call that extends an earlier one) and breaks (new roots and their cause), the
+cross-session edges, and each completion coloured by token class."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from rich.tree import Tree
+
+from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, REASONING
+from harnessrl.errors import UserError
+
+STYLES = {REASONING: "cyan", ACTION: "bold red", ARGS: "green", FORMAT: "dim"}
+
+
+def _coloured(comp: Compiler, ids, classes, max_chars: int) -> Text:
+    tt = comp.token_text
+    out = Text()
+    for tok, cls in zip(ids.tolist(), classes.tolist()):
+        out.append(tt.table[tok].decode(errors="replace"), style=STYLES.get(cls, ""))
+        if len(out) >= max_chars:
+            out.append(" …", style="dim")
+            break
+    return out
+
+
+def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_chars: int = 400) -> Tree:
+    comp = Compiler(db, CompileOptions(rollouts=(rollout_id,), tokenizer=tokenizer))
+    selected = comp.select_rollouts()
+    if not selected:
+        raise UserError(f"no rollout {rollout_id!r} in {db}")
+    (work,) = comp._read_batch(selected)
+    root = Tree(Text.assemble(("rollout ", "bold"), rollout_id, f"  task={work.task_id} group={work.group_id} "
+                              f"calls={work.stats['calls']} failed={work.stats['failed']} "
+                              f"retokenized={work.stats['retokenized']}"))
+    legend = Text("classes: ")
+    for cls, name in ((REASONING, "reasoning"), (ACTION, "action"), (ARGS, "args"), (FORMAT, "format")):
+        legend.append(name + " ", style=STYLES[cls])
+    root.add(legend)
+    for tree in work.trees:
+        agent = tree.nodes[0].call.agent
+        label = Text.assemble(("session ", "bold"), tree.key, f"  agent={agent}")
+        if agent == work.central:
+            label.append("  (central)", style="yellow")
+        if tree.key in work.edges:
+            label.append(f"  ← dispatched by call {work.edges[tree.key]}", style="magenta")
+        branch = root.add(label)
+        handles: dict[int, Tree] = {}
+        for i, node in enumerate(tree.nodes):
+            c = node.call
+            if node.parent < 0:
+                kind = Text(f"break: new root ({node.cause})" if node.cause not in ("start",) else "root",
+                            style="bold yellow" if node.cause in ("drift", "rewrite") else "")
+                parent = branch
+            else:
+                kind = Text("merge: extends " + tree.nodes[node.parent].call.call_id, style="blue")
+                parent = handles[node.parent]
+            head = Text.assemble(f"call {c.call_id} seq={c.seq} prompt={len(c.prompt)} "
+                                 f"completion={len(c.completion)} ", kind)
+            if c.retokenized:
+                head.append(" retokenized", style="red")
+            handles[i] = parent.add(head)
+            handles[i].add(_coloured(comp, c.completion, work.units[c.call_id].classes, max_chars))
+    return root

@@ -1,0 +1,184 @@
+"""Session prefix trees over token arrays (METHODS §2).
+
+Per rollout and session key (the harness's session id, else the agent name), calls are inserted
+in `seq` order. A call extends the deepest earlier node whose `S = prompt ⧺ completion` is an
+exact prefix of its prompt; calls from the same context become siblings; anything else starts
+a new root (never spliced). Every root-to-leaf path is one linear sample; a node's generated
+tokens are trainable only in the first path through it (paths ordered depth-first, children in
+`seq` order, i.e. lexicographically by the seqs along the path).
+
+Prefix search walks the trie: a child is compared only on the tokens it adds beyond its
+parent's `S`, so each call costs one comparison of its own prompt length in numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# causes of a root: the session's first call, a sibling of an earlier root (same prompt: a
+# retry or a parallel call of the first turn), template drift, rewritten/compressed history
+ROOT_CAUSES = ("start", "branch", "drift", "rewrite")
+
+
+@dataclass
+class CallTokens:
+    call_id: str
+    seq: int
+    key: str  # session key: session id when named, else agent
+    prompt: np.ndarray  # int32
+    completion: np.ndarray  # int32
+    logprobs: np.ndarray | None = None  # float32, one per completion token
+    agent: str | None = None
+    session_id: str | None = None
+    parent_call_id: str | None = None
+    weight_version: str | None = None
+    retokenized: bool = False
+
+    @property
+    def s_len(self) -> int:
+        return len(self.prompt) + len(self.completion)
+
+
+@dataclass
+class Node:
+    call: CallTokens
+    parent: int  # index in SessionTree.nodes, -1 for a root
+    cause: str | None  # root cause (ROOT_CAUSES), None for attached nodes
+    decision_index: int  # rank of the call among its session's calls, by seq
+    children: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SessionTree:
+    key: str
+    nodes: list[Node] = field(default_factory=list)
+    roots: list[int] = field(default_factory=list)
+
+    def s_tokens(self, i: int) -> np.ndarray:
+        c = self.nodes[i].call
+        return np.concatenate([c.prompt, c.completion])
+
+
+@dataclass
+class LinearPath:
+    nodes: list[int]  # root first
+    trainable: list[bool]  # per node: does this path own the node's generated tokens
+
+
+def _s_is_prefix(c: CallTokens, prompt: np.ndarray) -> bool:
+    lp, ls = len(c.prompt), c.s_len
+    return (
+        ls <= len(prompt)
+        and np.array_equal(prompt[:lp], c.prompt)
+        and np.array_equal(prompt[lp:ls], c.completion)
+    )
+
+
+def _child_extends(child: CallTokens, parent_len: int, prompt: np.ndarray) -> bool:
+    """Is S_child a prefix of `prompt`, given that S_parent (length parent_len) already is?"""
+    ls = child.s_len
+    lp = len(child.prompt)
+    return (
+        ls <= len(prompt)
+        and np.array_equal(prompt[parent_len:lp], child.prompt[parent_len:])
+        and np.array_equal(prompt[lp:ls], child.completion)
+    )
+
+
+def _deepest_prefix(tree: SessionTree, prompt: np.ndarray) -> int:
+    """The deepest node whose S is a prefix of `prompt`, or -1. Matching nodes are closed under
+    ancestors, so a walk from matching roots through matching children finds them all."""
+    best, best_len = -1, -1
+    stack = [r for r in tree.roots if _s_is_prefix(tree.nodes[r].call, prompt)]
+    while stack:
+        i = stack.pop()
+        ls = tree.nodes[i].call.s_len
+        if ls > best_len:
+            best, best_len = i, ls
+        stack.extend(ch for ch in tree.nodes[i].children if _child_extends(tree.nodes[ch].call, ls, prompt))
+    return best
+
+
+def _root_cause(tree: SessionTree, prompt: np.ndarray) -> str:
+    if not tree.nodes:
+        return "start"
+    if any(np.array_equal(tree.nodes[r].call.prompt, prompt) for r in tree.roots):
+        return "branch"
+    for node in reversed(tree.nodes):
+        p = node.call.prompt
+        if len(p) <= len(prompt) and np.array_equal(prompt[: len(p)], p):
+            return "drift"  # the harness kept the context but re-rendered the completion
+    return "rewrite"
+
+
+def build_tree(key: str, calls: list[CallTokens]) -> SessionTree:
+    """Insert one session's calls (any order; sorted by seq here) into a prefix tree."""
+    tree = SessionTree(key)
+    for rank, call in enumerate(sorted(calls, key=lambda c: c.seq)):
+        parent = _deepest_prefix(tree, call.prompt)
+        idx = len(tree.nodes)
+        if parent >= 0:
+            tree.nodes.append(Node(call, parent, None, rank))
+            tree.nodes[parent].children.append(idx)
+        else:
+            tree.nodes.append(Node(call, -1, _root_cause(tree, call.prompt), rank))
+            tree.roots.append(idx)
+    return tree
+
+
+def build_forest(calls: list[CallTokens]) -> list[SessionTree]:
+    """One tree per session key of a rollout, keys in order of their first call."""
+    by_key: dict[str, list[CallTokens]] = {}
+    for c in sorted(calls, key=lambda c: c.seq):
+        by_key.setdefault(c.key, []).append(c)
+    return [build_tree(k, cs) for k, cs in by_key.items()]
+
+
+def linear_paths(tree: SessionTree) -> list[LinearPath]:
+    """Root-to-leaf paths, depth-first with children in seq order; the first path through a
+    node owns its generated tokens."""
+    out: list[LinearPath] = []
+    owned: set[int] = set()
+    stack: list[tuple[int, list[int]]] = [(r, []) for r in reversed(tree.roots)]
+    while stack:
+        i, prefix = stack.pop()
+        path = prefix + [i]
+        children = tree.nodes[i].children
+        if children:
+            stack.extend((ch, path) for ch in reversed(children))
+            continue
+        trainable = [n not in owned for n in path]
+        owned.update(path)
+        out.append(LinearPath(path, trainable))
+    return out
+
+
+def session_key(session_id: str | None, agent: str | None) -> str:
+    if session_id:
+        return f"session:{session_id}"
+    return f"agent:{agent or 'default'}"
+
+
+def infer_parent_calls(
+    central: list[tuple[int, str, list[str]]],
+    sessions: list[tuple[str, int, str]],
+) -> dict[str, str]:
+    """Cross-session edges for sessions with no `parent_call_id` (METHODS §2).
+
+    `central`: (seq, call_id, dispatched sub-task texts) of the central agent's calls;
+    `sessions`: (session key, seq of its first call, its first user message text).
+    A session's parent is the last central call before its first call, if that call
+    dispatched a sub-task whose text the session's first user message contains.
+    """
+    ordered = sorted(central)
+    edges: dict[str, str] = {}
+    for key, first_seq, first_user in sessions:
+        before = [c for c in ordered if c[0] < first_seq]
+        if not before:
+            continue
+        _, call_id, texts = before[-1]
+        if any(t and t in first_user for t in texts):
+            edges[key] = call_id
+    return edges

@@ -1,0 +1,104 @@
+"""A few lines for harness authors: create a rollout, point the harness at its base_url,
+report rewards, finish.
+
+    from harnessrl.client import HarnessRL
+    hrl = HarnessRL("http://127.0.0.1:8000")
+    with hrl.rollout(task_id="t1", group_id="g1") as ro:
+        client = openai.OpenAI(base_url=ro.base_url("planner"), api_key="unused")
+        ...                                   # run the harness
+        ro.reward(1.0)                        # outcome reward
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+
+class HarnessRLError(RuntimeError):
+    """The proxy answered with an error (its OpenAI-shaped message)."""
+
+
+class Rollout:
+    def __init__(self, client: HarnessRL, data: dict[str, Any]) -> None:
+        self._client = client
+        self.data = data
+        self.id: str = data["id"]
+        self._template: str = data["base_url_template"]
+
+    def base_url(self, agent: str) -> str:
+        """The OpenAI `base_url` that records calls as this rollout's `agent`."""
+        return self._template.replace("{agent}", agent)
+
+    def reward(self, value: float, name: str = "outcome", metadata: dict | None = None) -> None:
+        self._client._post(f"/harnessrl/rollouts/{self.id}/reward", {"value": value, "name": name, "metadata": metadata})
+
+    def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
+        self._client.process_reward(call_id, value, name, metadata)
+
+    def finish(self) -> dict:
+        return self._client._post(f"/harnessrl/rollouts/{self.id}/finish", {})
+
+    def get(self) -> dict:
+        """The rollout with its calls and rewards (no token arrays)."""
+        return self._client.get_rollout(self.id)
+
+
+class HarnessRL:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _check(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                msg = resp.json()["error"]["message"]
+            except Exception:  # noqa: BLE001 - not an OpenAI error body
+                msg = resp.text[:300]
+            raise HarnessRLError(f"HTTP {resp.status_code}: {msg}")
+        return resp.json()
+
+    def _post(self, path: str, body: dict) -> Any:
+        return self._check(self._http.post(path, json=body))
+
+    def create_rollout(self, task_id: str | None = None, group_id: str | None = None, run: str | None = None,
+                       metadata: dict | None = None) -> Rollout:
+        return Rollout(self, self._post("/harnessrl/rollouts",
+                                        {"task_id": task_id, "group_id": group_id, "run": run, "metadata": metadata}))
+
+    @contextmanager
+    def rollout(self, task_id: str | None = None, group_id: str | None = None, run: str | None = None,
+                metadata: dict | None = None) -> Iterator[Rollout]:
+        """Creates a rollout; finishes it when the block ends (also on an exception)."""
+        ro = self.create_rollout(task_id, group_id, run, metadata)
+        try:
+            yield ro
+        finally:
+            ro.finish()
+
+    def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
+        self._post(f"/harnessrl/calls/{call_id}/reward", {"value": value, "name": name, "metadata": metadata})
+
+    def get_rollout(self, rollout_id: str) -> dict:
+        return self._check(self._http.get(f"/harnessrl/rollouts/{rollout_id}"))
+
+    def list_rollouts(self, task_id: str | None = None, group_id: str | None = None, run: str | None = None) -> list:
+        params = {k: v for k, v in (("task_id", task_id), ("group_id", group_id), ("run", run)) if v is not None}
+        return self._check(self._http.get("/harnessrl/rollouts", params=params))["data"]
+
+    def push_weights(self, path: str, version: str | None = None) -> str:
+        """Have the proxy's backend load a checkpoint; returns the new weight version."""
+        return self._post("/harnessrl/weights", {"path": str(path), "version": version})["version"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> HarnessRL:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

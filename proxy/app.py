@@ -1,0 +1,252 @@
+"""The proxy's FastAPI app: OpenAI endpoints (also under /r/{rollout}/a/{agent}/v1), the
+rollout API and the weights endpoint.
+
+The OpenAI endpoints are plain Starlette routes (no pydantic request model): they are the hot
+path, and their bodies are checked by hand so any malformed request gets an OpenAI error.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, field_validator
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from harnessrl.db import open_db
+from harnessrl.proxy.backend import TokenBackend
+from harnessrl.proxy.calls import Calls
+from harnessrl.proxy.config import ProxyConfig
+from harnessrl.proxy.errors import ProxyError, error_body
+from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
+from harnessrl.proxy.identity import check_auth, identify
+from harnessrl.proxy.prefix import Prompter
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.rollouts import Rollouts, rollout_json
+from harnessrl.proxy.upstream_tokens import UpstreamTokens
+from harnessrl.proxy.validate import check_chat, check_completion, parse_json
+from harnessrl.records import UNASSIGNED_ROLLOUT
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status, media_type="application/json")
+
+
+def _error(err: ProxyError) -> Response:
+    return Response(err.body(), err.status, media_type="application/json")
+
+
+class CreateRollout(BaseModel):
+    task_id: str | None = None
+    group_id: str | None = None
+    run: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RewardIn(BaseModel):
+    value: float
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward value must be finite")
+        return v
+
+
+class WeightsIn(BaseModel):
+    path: str
+    version: str | None = None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> FastAPI:
+    """The app for `cfg`; `backend` is the loaded local backend (backend="local")."""
+    cfg.check()
+    engine, session_factory = open_db(cfg.db)
+    store = Rollouts(session_factory)
+    known: dict[str, str] = {UNASSIGNED_ROLLOUT: "running"}  # rollout id -> status, so calls need no DB read
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        recorder = Recorder(engine)
+        pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout) if cfg.upstream else None
+        if backend is not None:
+            prompter = Prompter(backend.tokenizer, cfg.prefix_mode, render_ids=backend.render)
+            calls = Calls(recorder, backend=backend, prompter=prompter, model_name=backend.model_name,
+                          default_max_tokens=cfg.default_max_tokens)
+        elif cfg.prefix_mode:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+            assert pool is not None
+            name = cfg.served_model_name or "model"
+            calls = Calls(recorder, backend=UpstreamTokens(pool, tok, name),  # type: ignore[arg-type]
+                          prompter=Prompter(tok, True), model_name=name, default_max_tokens=cfg.default_max_tokens)
+        else:
+            calls = Calls(recorder, pool=pool, model_name=cfg.served_model_name or "model",
+                          default_max_tokens=cfg.default_max_tokens)
+        state.update(calls=calls, recorder=recorder, pool=pool)
+        try:
+            yield
+        finally:
+            if pool is not None:
+                pool.close()
+            recorder.close()
+            engine.dispose()
+
+    app = FastAPI(title="harnessrl proxy", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.proxy = state
+
+    # ---- errors: always OpenAI-shaped --------------------------------------------------
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(_req, exc: ProxyError):
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        msg = first.get("msg", "invalid request")
+        code = "invalid_json" if first.get("type") == "json_invalid" else "invalid_type"
+        return Response(error_body(f"{loc + ': ' if loc else ''}{msg}", "invalid_request_error", loc, code), 400,
+                        media_type="application/json")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req, exc: StarletteHTTPException):
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return Response(error_body(str(exc.detail), kind, None, None), exc.status_code, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def _crash(_req, exc: Exception):
+        return Response(error_body(f"internal proxy error: {type(exc).__name__}: {exc}", "server_error"), 500,
+                        media_type="application/json")
+
+    # ---- OpenAI endpoints (hot path) ----------------------------------------------------
+    async def _rollout_ok(rollout_id: str) -> None:
+        status = known.get(rollout_id)
+        if status is None:
+            status = await run_in_threadpool(store.status, rollout_id)
+            if status is None:
+                raise ProxyError(404, f"rollout {rollout_id!r} does not exist (create it with POST /harnessrl/rollouts)",
+                                 code="rollout_not_found")
+            known[rollout_id] = status
+        if status == "finished":
+            raise ProxyError(409, f"rollout {rollout_id!r} is finished", code="rollout_finished")
+
+    def _endpoint(chat: bool):
+        async def handle(request: Request) -> Response:
+            try:
+                check_auth(request.headers, cfg.api_key)
+                ident = identify(request.path_params, request.headers, cfg.api_key)
+                req = parse_json(await _read_body(request, cfg.max_body_bytes))
+                (check_chat if chat else check_completion)(req)
+                await _rollout_ok(ident.rollout)
+                calls: Calls = state["calls"]
+                call_id = uuid.uuid4().hex
+                return await (calls.chat if chat else calls.completions)(req, ident, call_id)
+            except ProxyError as err:
+                return _error(err)
+        return handle
+
+    chat, completions = _endpoint(True), _endpoint(False)
+    for prefix in ("", "/r/{rollout}/a/{agent}"):
+        app.add_route(prefix + "/v1/chat/completions", chat, methods=["POST"])
+        app.add_route(prefix + "/v1/completions", completions, methods=["POST"])
+
+    async def models(request: Request) -> Response:
+        try:
+            check_auth(request.headers, cfg.api_key)
+        except ProxyError as err:
+            return _error(err)
+        pool: Pool | None = state["pool"]
+        if backend is None and pool is not None and not cfg.served_model_name:
+            try:
+                resp = await pool.request("GET", "/v1/models")
+            except (UpstreamConnectionError, TimeoutError) as exc:
+                return _error(ProxyError(502, str(exc), "upstream_error", code="upstream_unreachable"))
+            return Response(resp.body, resp.status, media_type="application/json")
+        name = backend.model_name if backend is not None else cfg.served_model_name
+        return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                  "owned_by": "harnessrl"}]})
+
+    for prefix in ("", "/r/{rollout}/a/{agent}"):
+        app.add_route(prefix + "/v1/models", models, methods=["GET"])
+
+    # ---- rollout API -------------------------------------------------------------------
+    def auth(request: Request) -> None:
+        check_auth(request.headers, cfg.api_key)
+
+    api = Depends(auth)
+
+    @app.post("/harnessrl/rollouts", dependencies=[api])
+    def create_rollout(body: CreateRollout, request: Request):
+        r = store.create(body.task_id, body.group_id, body.run, body.metadata)
+        known[r.id] = r.status
+        base = str(request.base_url).rstrip("/")
+        return _json({**rollout_json(r), "base_url_template": f"{base}/r/{r.id}/a/{{agent}}/v1"})
+
+    @app.post("/harnessrl/rollouts/{rollout_id}/reward", dependencies=[api])
+    def outcome_reward(rollout_id: str, body: RewardIn):
+        rid = store.outcome(rollout_id, body.value, body.name or "outcome", body.metadata)
+        return _json({"id": rid, "rollout_id": rollout_id, "kind": "outcome", "value": body.value})
+
+    @app.post("/harnessrl/calls/{call_id}/reward", dependencies=[api])
+    def process_reward(call_id: str, body: RewardIn):
+        rid = store.process(call_id, body.value, body.name or "process", body.metadata)
+        return _json({"id": rid, "call_id": call_id, "kind": "process", "value": body.value})
+
+    @app.post("/harnessrl/rollouts/{rollout_id}/finish", dependencies=[api])
+    def finish_rollout(rollout_id: str):
+        r = store.finish(rollout_id)
+        known[r.id] = r.status
+        return _json(rollout_json(r))
+
+    @app.get("/harnessrl/rollouts", dependencies=[api])
+    def list_rollouts(task_id: str | None = None, group_id: str | None = None, run: str | None = None):
+        return _json({"object": "list", "data": store.list(task_id, group_id, run)})
+
+    @app.get("/harnessrl/rollouts/{rollout_id}", dependencies=[api])
+    def get_rollout(rollout_id: str):
+        return _json(store.get(rollout_id))
+
+    @app.post("/harnessrl/weights", dependencies=[api])
+    def push_weights(body: WeightsIn):
+        if backend is not None:
+            try:
+                version = backend.reload(body.path, body.version)
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint is the caller's error
+                raise ProxyError(400, f"cannot load weights from {body.path!r}: {exc}", param="path",
+                                 code="bad_checkpoint") from None
+        elif cfg.reload_hook is not None:
+            version = cfg.reload_hook(body.path, body.version)
+        else:
+            raise ProxyError(400, "this proxy forwards to an upstream without a reload hook: push weights to the "
+                                  "inference server itself", code="reload_unsupported")
+        store.weight_version(version, body.path)
+        return _json({"version": version})
+
+    return app

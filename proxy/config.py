@@ -1,0 +1,48 @@
+"""Proxy settings (the `harnessrl proxy` flags)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harnessrl.errors import UserError
+
+
+@dataclass
+class ProxyConfig:
+    db: str = "runs.db"  # SQLite path or postgresql+psycopg:// URL
+    backend: str = "upstream"  # "upstream" (an OpenAI-compatible server, vLLM) | "local" (in-process)
+    upstream: str | None = None  # http://host:port of the upstream
+    model: str | None = None  # local: checkpoint directory
+    tokenizer: str | None = None  # upstream prefix mode: tokenizer/chat-template directory
+    prefix: bool | None = None  # prefix-consistent prompts; default on for local, off for upstream
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free port
+    api_key: str | None = None  # required from clients when set
+    max_body_bytes: int = 32 * 1024 * 1024
+    upstream_timeout: float = 600.0  # seconds
+    default_max_tokens: int = 256
+    served_model_name: str | None = None
+    seed: int = 0  # local backend sampling seed
+    # upstream weight pushes: (checkpoint dir, version or None) -> new version; without it 400
+    reload_hook: Callable[[str, str | None], str] | None = None
+    log_level: str = "warning"
+
+    @property
+    def prefix_mode(self) -> bool:
+        return self.prefix if self.prefix is not None else self.backend == "local"
+
+    def check(self) -> None:
+        if self.backend not in ("upstream", "local"):
+            raise UserError(f"--backend must be 'upstream' or 'local', got {self.backend!r}")
+        if self.backend == "upstream":
+            if not self.upstream:
+                raise UserError("give --upstream URL (an OpenAI-compatible server) or --backend local --model PATH")
+            if not self.upstream.startswith("http://"):
+                raise UserError(f"--upstream must be an http:// URL, got {self.upstream!r}")
+            if self.prefix_mode and not self.tokenizer:
+                raise UserError("prefix-consistent mode with an upstream needs --tokenizer DIR (the model's tokenizer)")
+        elif not self.model:
+            raise UserError("--backend local needs --model PATH (a checkpoint directory)")
+        if self.max_body_bytes <= 0:
+            raise UserError("--max-body-mb must be positive")

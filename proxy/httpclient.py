@@ -1,0 +1,218 @@
+"""A small keep-alive HTTP/1.1 client pool on asyncio + httptools.
+
+The proxy forwards every harness call to the upstream; a general client (httpx) costs
+several hundred microseconds per request, which alone would cap the proxy well below the
+throughput it is meant to reach. This one does only what the proxy needs: POST/GET with a
+JSON body to one host, keep-alive pooling, whole-body or streamed responses, timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class UpstreamConnectionError(ConnectionError):
+    """The upstream could not be reached or dropped the connection."""
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+class _Conn(asyncio.Protocol):
+    """One TCP connection; parses one response at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._reset(False)
+
+    def _reset(self, streaming: bool) -> None:
+        loop = self._pool.loop
+        self.got_bytes = False
+        self._streaming = streaming
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._head = loop.create_future()  # resolves at headers complete
+        self._done = loop.create_future()  # resolves at message complete
+        self._chunks: asyncio.Queue[bytes | None] | None = asyncio.Queue() if streaming else None
+        self._keep_alive = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamConnectionError(f"bad HTTP response from upstream: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(UpstreamConnectionError("upstream closed the connection"))
+
+    def _fail(self, exc: Exception) -> None:
+        for fut in (self._head, self._done):
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: the other one is what gets awaited
+        if self._chunks is not None:
+            self._chunks.put_nowait(None)
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self._status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self._chunks is not None:
+            self._chunks.put_nowait(body)
+        else:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._chunks is not None:
+            self._chunks.put_nowait(None)
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def send(self, data: bytes, streaming: bool) -> None:
+        self._reset(streaming)
+        assert self.transport is not None
+        self.transport.write(data)
+
+
+class Pool:
+    """Keep-alive connections to one `http://host:port` base URL."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0, max_idle: int = 512) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"upstream URL must be http://host[:port][/prefix], got {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self._host_header = f"{self.host}:{self.port}".encode()
+        self._idle: deque[_Conn] = deque()
+        self._max_idle = max_idle
+        self.loop = asyncio.get_running_loop()
+
+    async def _acquire(self) -> _Conn:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                conn.reused = True
+                return conn
+        try:
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(lambda: _Conn(self), self.host, self.port), self.timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise UpstreamConnectionError(f"cannot connect to upstream {self.host}:{self.port}: {exc}") from exc
+        return conn
+
+    def _release(self, conn: _Conn) -> None:
+        if conn.closed or not conn._keep_alive or len(self._idle) >= self._max_idle:
+            conn.close()
+        else:
+            self._idle.append(conn)
+
+    def _request_bytes(self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None) -> bytes:
+        head = [f"{method} {self.prefix}{path} HTTP/1.1".encode(), b"Host: " + self._host_header]
+        if body is not None:
+            head.append(b"Content-Type: application/json")
+            head.append(b"Content-Length: " + str(len(body)).encode())
+        for k, v in (headers or {}).items():
+            head.append(f"{k}: {v}".encode("latin-1"))
+        return b"\r\n".join(head) + b"\r\n\r\n" + (body or b"")
+
+    async def _send(self, data: bytes, streaming: bool) -> _Conn:
+        """Send on a pooled connection; a reused one that the server had closed is retried once
+        on a fresh connection (nothing was received, so the request never ran)."""
+        for attempt in range(2):
+            conn = await self._acquire()
+            conn.send(data, streaming)
+            try:
+                await asyncio.wait_for(asyncio.shield(conn._head), self.timeout)
+                return conn
+            except UpstreamConnectionError:
+                conn.close()
+                if attempt == 0 and conn.reused and not conn.got_bytes:
+                    continue
+                raise
+            except asyncio.TimeoutError:
+                conn.close()
+                raise
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")
+
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      headers: dict[str, str] | None = None) -> Response:
+        conn = await self._send(self._request_bytes(method, path, body, headers), streaming=False)
+        try:
+            await asyncio.wait_for(asyncio.shield(conn._done), self.timeout)
+        except BaseException:
+            conn.close()
+            raise
+        resp = Response(conn._status, conn._headers, b"".join(conn._body))
+        self._release(conn)
+        return resp
+
+    async def stream(self, method: str, path: str, body: bytes | None = None,
+                     headers: dict[str, str] | None = None) -> tuple[Response, AsyncIterator[bytes]]:
+        """Status and headers, then the body as it arrives (chunked encoding already removed)."""
+        conn = await self._send(self._request_bytes(method, path, body, headers), streaming=True)
+        resp = Response(conn._status, conn._headers)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            assert conn._chunks is not None
+            finished = False
+            try:
+                while True:
+                    chunk = await asyncio.wait_for(conn._chunks.get(), self.timeout)
+                    if chunk is None:
+                        break
+                    yield chunk
+                if conn._done.done() and conn._done.exception() is not None:
+                    raise conn._done.exception()  # type: ignore[misc]
+                finished = conn._done.done()
+            finally:
+                if finished:
+                    self._release(conn)
+                else:
+                    conn.close()
+
+        return resp, chunks()
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()

@@ -1,0 +1,72 @@
+"""Who made a call: rollout, agent, session, parent call.
+
+In order of precedence: the URL path `/r/{rollout}/a/{agent}/v1/...` (a plain `base_url`
+carries it), `X-HarnessRL-*` headers, an API key `hrl-<rollout>-<agent>` (for harnesses that
+only let you set a URL and a key). With none, the call goes to the "unassigned" rollout.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from harnessrl.records import UNASSIGNED_ROLLOUT
+from harnessrl.proxy.errors import ProxyError, bad_request
+
+KEY_PREFIX = "hrl-"
+_LIMITS = {"rollout": 64, "agent": 128, "session": 128, "parent_call": 64}
+
+
+@dataclass(frozen=True)
+class Identity:
+    rollout: str
+    agent: str | None
+    session: str | None
+    parent_call: str | None
+
+
+def bearer(headers) -> str | None:
+    auth = headers.get("authorization")
+    if not auth:
+        return None
+    scheme, _, token = auth.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def split_key(token: str | None, api_key: str | None) -> tuple[str | None, str | None]:
+    """(rollout, agent) from an `hrl-<rollout>-<agent>` key; with a proxy --api-key K the
+    identity key is `hrl-<rollout>-<agent>:K`."""
+    if not token or not token.startswith(KEY_PREFIX):
+        return None, None
+    body = token[len(KEY_PREFIX):]
+    if api_key is not None:
+        body, sep, _ = body.rpartition(":")
+        if not sep:
+            return None, None
+    rollout, sep, agent = body.partition("-")
+    if not sep or not rollout or not agent:
+        return None, None
+    return rollout, agent
+
+
+def check_auth(headers, api_key: str | None) -> None:
+    """With --api-key K, a client must send `Bearer K` or `Bearer hrl-<rollout>-<agent>:K`."""
+    if api_key is None:
+        return
+    token = bearer(headers) or ""
+    if token.startswith(KEY_PREFIX) and ":" in token:
+        token = token.rpartition(":")[2]
+    if not hmac.compare_digest(token.encode(), api_key.encode()):
+        raise ProxyError(401, "missing or wrong API key", "authentication_error", code="invalid_api_key")
+
+
+def identify(path_params: dict, headers, api_key: str | None) -> Identity:
+    key_rollout, key_agent = split_key(bearer(headers), api_key)
+    rollout = path_params.get("rollout") or headers.get("x-harnessrl-rollout") or key_rollout or UNASSIGNED_ROLLOUT
+    agent = path_params.get("agent") or headers.get("x-harnessrl-agent") or key_agent
+    ident = Identity(rollout, agent, headers.get("x-harnessrl-session"), headers.get("x-harnessrl-parent-call"))
+    for name, limit in _LIMITS.items():
+        value = getattr(ident, name)
+        if value is not None and len(value) > limit:
+            raise bad_request(f"{name} id is longer than {limit} characters", code="identity_too_long")
+    return ident

@@ -1,0 +1,108 @@
+"""Running the proxy: `serve(cfg)` for the CLI, `run_proxy(cfg)` in-process (tests, demo, the
+training loop) — uvicorn (uvloop + httptools) on a real socket in a background thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from harnessrl.errors import UserError
+from harnessrl.proxy.config import ProxyConfig
+
+__all__ = ["ProxyConfig", "RunningProxy", "run_proxy", "serve", "build_app"]
+
+
+def load_backend(cfg: ProxyConfig):
+    """The local token backend for backend="local" (None for upstreams)."""
+    if cfg.backend != "local":
+        return None
+    from pathlib import Path
+
+    from harnessrl.proxy.local_backend import LocalBackend
+
+    if not Path(cfg.model or "").is_dir():
+        raise UserError(f"--model must be a checkpoint directory, got {cfg.model!r}")
+    return LocalBackend(cfg.model, seed=cfg.seed)
+
+
+def build_app(cfg: ProxyConfig, backend=None):
+    from harnessrl.proxy.app import create_app
+
+    cfg.check()
+    return create_app(cfg, backend if backend is not None else load_backend(cfg))
+
+
+def _uvicorn_config(app, cfg: ProxyConfig) -> uvicorn.Config:
+    return uvicorn.Config(app, loop="uvloop", http="httptools", log_level=cfg.log_level, access_log=False,
+                          lifespan="on", timeout_keep_alive=75, backlog=4096)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(4096)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(cfg: ProxyConfig) -> None:
+    """Run in the foreground until interrupted."""
+    app = build_app(cfg)
+    sock = _bind(cfg.host, cfg.port)
+    uvicorn.Server(_uvicorn_config(app, cfg)).run(sockets=[sock])
+
+
+@dataclass
+class RunningProxy:
+    url: str  # http://host:port
+    app: object
+    server: uvicorn.Server
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+
+@contextmanager
+def run_proxy(cfg: ProxyConfig, backend=None) -> Iterator[RunningProxy]:
+    """The proxy on a real socket (port 0: a free one) for the duration of the block.
+    `backend`: an already loaded local backend to share (else loaded from cfg.model)."""
+    app = build_app(cfg, backend)
+    sock = _bind(cfg.host, cfg.port)
+    server = uvicorn.Server(_uvicorn_config(app, cfg))
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="harnessrl-proxy", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if failure or not thread.is_alive():
+            raise UserError(f"the proxy failed to start: {failure[0] if failure else 'server exited'}")
+        if time.monotonic() > deadline:
+            raise UserError("the proxy did not start within 60 s")
+        time.sleep(0.01)
+    host, port = sock.getsockname()[:2]
+    try:
+        yield RunningProxy(f"http://{cfg.host if cfg.host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}",
+                           app, server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

@@ -1,0 +1,235 @@
+"""The vLLM wire format: what the proxy adds to a request, reads from a response, and strips
+before the harness sees it.
+
+vLLM (>= 0.10.2) returns token ids with `return_token_ids: true`: `prompt_token_ids` at the top
+of a chat response (per choice for /v1/completions), `choices[].token_ids` for the completion;
+in streams `prompt_token_ids` comes on the first chunk and each chunk's `token_ids` holds its
+delta. Sampling log-probs come from `logprobs` (chat: `choices[].logprobs.content[].logprob`;
+completions: `choices[].logprobs.token_logprobs`). With `return_weight_versions: true` each
+choice carries `weight_versions: [{version, start, end}]` (streams: on its terminal chunk).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+@dataclass
+class Wants:
+    """What the harness asked for itself (everything else the proxy added is stripped)."""
+
+    logprobs: bool
+    usage_chunk: bool
+    reasoning: bool
+
+
+def prepare(req: dict, chat: bool) -> tuple[bytes, Wants]:
+    body = dict(req)
+    if chat:
+        wants = Wants(bool(req.get("logprobs")), _include_usage(req), req.get("include_reasoning", True) is not False)
+        body["logprobs"] = True
+        body.setdefault("top_logprobs", 0)
+        body["include_reasoning"] = True
+    else:
+        wants = Wants(req.get("logprobs") is not None, _include_usage(req), True)
+        if req.get("logprobs") is None:
+            body["logprobs"] = 0
+    body["return_token_ids"] = True
+    body["return_weight_versions"] = True
+    if req.get("stream"):
+        body["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
+    return orjson.dumps(body), wants
+
+
+def _include_usage(req: dict) -> bool:
+    opts = req.get("stream_options")
+    return bool(isinstance(opts, dict) and opts.get("include_usage"))
+
+
+def weight_version_of(spans: Any) -> str | None:
+    if not isinstance(spans, list) or not spans:
+        return None
+    seen: list[str] = []
+    for s in spans:
+        v = str(s.get("version")) if isinstance(s, dict) else str(s)
+        if v not in seen:
+            seen.append(v)
+    return ",".join(seen)
+
+
+@dataclass
+class Extract:
+    """What a call record needs from an upstream response."""
+
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    weight_version: str | None = None
+    usage: dict | None = None
+    finish_reason: str | None = None
+    text: str | None = None
+    tool_calls: list | None = None
+    reply: dict | None = None  # chat: the assistant message
+
+
+def _token_logprobs(choice: dict, chat: bool) -> list[float] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if chat:
+        content = lp.get("content")
+        return None if content is None else [c["logprob"] for c in content]
+    return lp.get("token_logprobs")
+
+
+def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
+    """Read the RL fields of a full (non-stream) response and remove what the harness did not ask for."""
+    ex = Extract(usage=resp.get("usage"))
+    choices = resp.get("choices") or []
+    if chat:
+        ex.prompt_ids = resp.pop("prompt_token_ids", None)
+    for i, ch in enumerate(choices):
+        if i == 0:
+            if not chat:
+                ex.prompt_ids = ch.get("prompt_token_ids")
+            ex.completion_ids = ch.get("token_ids")
+            ex.logprobs = _token_logprobs(ch, chat)
+            ex.weight_version = weight_version_of(ch.get("weight_versions"))
+            ex.finish_reason = ch.get("finish_reason")
+            if chat:
+                msg = ch.get("message") or {}
+                ex.reply = msg
+                ex.text = msg.get("content")
+                ex.tool_calls = msg.get("tool_calls") or None
+            else:
+                ex.text = ch.get("text")
+        _strip_choice(ch, wants, chat, "message")
+    return ex
+
+
+def _strip_choice(ch: dict, wants: Wants, chat: bool, msg_key: str) -> None:
+    ch.pop("token_ids", None)
+    ch.pop("prompt_token_ids", None)
+    ch.pop("weight_versions", None)
+    if not wants.logprobs:
+        ch["logprobs"] = None
+    if chat and not wants.reasoning:
+        msg = ch.get(msg_key)
+        if isinstance(msg, dict):
+            msg.pop("reasoning", None)
+            msg.pop("reasoning_content", None)
+
+
+@dataclass
+class StreamAssembler:
+    """Collects ids, log-probs and the message from stream chunks; strips each chunk."""
+
+    wants: Wants
+    chat: bool
+    ex: Extract = field(default_factory=Extract)
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tools: dict[int, dict] = field(default_factory=dict)
+    head: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ex.completion_ids = []
+        self.ex.logprobs = []
+
+    def feed(self, chunk: dict) -> dict | None:
+        """Record one chunk; returns the chunk for the harness, or None to drop it."""
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
+        if self.chat and "prompt_token_ids" in chunk:
+            ids = chunk.pop("prompt_token_ids")
+            if ids is not None:
+                self.ex.prompt_ids = ids
+        if chunk.get("usage"):
+            self.ex.usage = chunk["usage"]
+            if not self.wants.usage_chunk:
+                chunk.pop("usage")
+        choices = chunk.get("choices") or []
+        for ch in choices:
+            if ch.get("index", 0) == 0:
+                self._feed_choice(ch)
+            _strip_choice(ch, self.wants, self.chat, "delta")
+        if not choices and not self.wants.usage_chunk:
+            return None  # the usage-only chunk the proxy asked for
+        return chunk
+
+    def _feed_choice(self, ch: dict) -> None:
+        ex = self.ex
+        if not self.chat and ch.get("prompt_token_ids") is not None:
+            ex.prompt_ids = ch["prompt_token_ids"]
+        if ch.get("token_ids"):
+            ex.completion_ids.extend(ch["token_ids"])  # type: ignore[union-attr]
+        lps = _token_logprobs(ch, self.chat)
+        if lps:
+            ex.logprobs.extend(lps)  # type: ignore[union-attr]
+        if ch.get("weight_versions") is not None:
+            ex.weight_version = weight_version_of(ch["weight_versions"])
+        if ch.get("finish_reason"):
+            ex.finish_reason = ch["finish_reason"]
+        if not self.chat:
+            if ch.get("text"):
+                self.content.append(ch["text"])
+            return
+        delta = ch.get("delta") or {}
+        if delta.get("content"):
+            self.content.append(delta["content"])
+        r = delta.get("reasoning") or delta.get("reasoning_content")
+        if r:
+            self.reasoning.append(r)
+        for tc in delta.get("tool_calls") or []:
+            slot = self.tools.setdefault(tc.get("index", 0), {"id": None, "type": "function",
+                                                                "function": {"name": "", "arguments": ""}})
+            if tc.get("id"):
+                slot["id"] = tc["id"]
+            fn = tc.get("function") or {}
+            if fn.get("name"):
+                slot["function"]["name"] += fn["name"]
+            if fn.get("arguments"):
+                slot["function"]["arguments"] += fn["arguments"]
+
+    def finish(self) -> tuple[Extract, dict]:
+        """The extract and the reassembled full response (what a non-stream call would return)."""
+        ex = self.ex
+        text = "".join(self.content)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": ex.finish_reason, "logprobs": None}
+        if self.chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if self.reasoning:
+                msg["reasoning"] = "".join(self.reasoning)
+            calls = [self.tools[i] for i in sorted(self.tools)]
+            if calls:
+                msg["tool_calls"] = calls
+            choice["message"] = msg
+            ex.reply, ex.text, ex.tool_calls = msg, msg["content"], calls or None
+        else:
+            choice["text"] = text
+            ex.text = text
+        resp = {**self.head, "object": "chat.completion" if self.chat else "text_completion",
+                "choices": [choice], "usage": ex.usage}
+        if resp.get("created") is None:
+            resp["created"] = int(time.time())
+        return ex, resp
+
+
+def sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
+    """Append `data` and pop every complete SSE event's data payload."""
+    buffer += data.replace(b"\r\n", b"\n")
+    out = []
+    while True:
+        cut = buffer.find(b"\n\n")
+        if cut < 0:
+            return out
+        event = bytes(buffer[:cut])
+        del buffer[: cut + 2]
+        payload = b"\n".join(line[5:].lstrip() for line in event.split(b"\n")
+                             if line.startswith(b"data:"))
+        if payload:
+            out.append(payload)

@@ -1,0 +1,96 @@
+"""Compiled-sample fixtures for the trainer tests, written in the compiler's Parquet schema from
+real tiny-model token ids (chat template + tokenizer), with token classes from character spans."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, REASONING, SAMPLE_SCHEMA, TASK_SCHEMA
+
+
+def _classes(tok, text: str, spans: list[tuple[str, int]]) -> tuple[list[int], list[int]]:
+    """Token ids of `text` and a class per token: the class of the first listed span it overlaps
+    (spans are given in action > args > reasoning order), else format."""
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ranges = []
+    for piece, cls in spans:
+        start = text.find(piece)
+        assert start >= 0, piece
+        ranges.append((start, start + len(piece), cls))
+    classes = []
+    for a, b in enc["offset_mapping"]:
+        cls = next((c for s, e, c in ranges if a < e and b > s), FORMAT)
+        classes.append(cls)
+    return enc["input_ids"], classes
+
+
+def make_rows(tok, n_tasks: int = 2, k: int = 2, rewards: list[float] | None = None) -> list[dict]:
+    """One two-call rollout per (task, k): a tool call, an observation, a final answer."""
+    rows = []
+    rewards = rewards or [1.0, 0.0] * (n_tasks * k)
+    keys = ["alpha", "beta", "gamma", "delta", "rho", "sigma", "pi", "mu"]
+    for t in range(n_tasks):
+        for j in range(k):
+            e = t * k + j
+            key = keys[e % len(keys)]
+            user = [{"role": "user", "content": f"Find the capital of {keys[t]}?"}]
+            text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+            prompt = tok(text, add_special_tokens=False)["input_ids"]
+            c1 = f'<think>\nI should look up {key}.\n</think>\n\n<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call><|im_end|>'
+            ids1, cls1 = _classes(tok, c1, [('"lookup"', ACTION), (f'"{key}"', ARGS), (f"I should look up {key}.", REASONING)])
+            obs = tok(f"\n<|im_start|>user\n<tool_response>\n{key} {e}\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+            c2 = f"The answer is {key} {e}.<|im_end|>"
+            ids2, cls2 = _classes(tok, c2, [(f"{key} {e}", ARGS)])
+            ids = prompt + ids1 + obs + ids2
+            mask = [0] * len(prompt) + [1] * len(ids1) + [0] * len(obs) + [1] * len(ids2)
+            classes = [0] * len(prompt) + cls1 + [0] * len(obs) + cls2
+            r = rewards[e]
+            mean = sum(rewards[t * k:(t + 1) * k]) / k
+            std = (sum((x - mean) ** 2 for x in rewards[t * k:(t + 1) * k]) / max(k - 1, 1)) ** 0.5
+            adv = (r - mean) / (std + 1e-6)
+            turn = [-1] * len(prompt) + [0] * len(ids1) + [-1] * len(obs) + [1] * len(ids2)
+            rows.append(dict(
+                sample_id=f"r{e}/planner/c{e}b", rollout_id=f"r{e}", task_id=f"t{t}", group_id=f"t{t}",
+                agent="planner", session_id=None, input_ids=ids, loss_mask=mask, token_class=classes,
+                advantage=[adv * m for m in mask],
+                behaviour_logprob=[(-2.0 if m else None) for m in mask],
+                turn_index=turn, call_ids=[f"c{e}a", f"c{e}b"], prompt_len=len(prompt), weight_version="v0",
+                outcome_reward=r, reward_breakdown=json.dumps({"outcome": r, "advantage": "grpo"}), retokenized=False,
+            ))
+    return rows
+
+
+EXPERT_TRACE = {
+    "turns": [{
+        "reasoning_segments": [
+            {"text": "The question asks for a capital.", "explicit_call_preview": False},
+            {"text": "I will look it up with the lookup tool.", "explicit_call_preview": False},
+            {"text": 'The tool call would be {"name": "lookup"}.', "explicit_call_preview": True},
+        ],
+        "tool_call": {"name": "lookup", "arguments": {"key": "alpha"}},
+        "observation": "alpha 7",
+    }],
+    "final_answer": "alpha 7",
+}
+
+
+def write_samples(out: Path, rows: list[dict], traces: dict[str, dict] | None = None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA), out / "samples.parquet")
+    tasks = sorted({r["task_id"] for r in rows})
+    traces = traces or {}
+    pq.write_table(pa.Table.from_pylist([
+        dict(task_id=t, input=json.dumps([{"role": "user", "content": f"Find the capital of task {t}?"}]),
+             reference=json.dumps("x"), reference_calls=None,
+             expert_trace=json.dumps(traces[t]) if t in traces else None)
+        for t in tasks], schema=TASK_SCHEMA), out / "tasks.parquet")
+    return out
+
+
+def is_close(a: float, b: float, tol: float = 1e-5) -> bool:
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)

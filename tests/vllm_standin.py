@@ -1,0 +1,300 @@
+"""A stand-in for a vLLM OpenAI server, speaking vLLM's wire format with real token ids from
+the tiny tokenizer (vLLM cannot run without a GPU).
+
+What it mimics (vLLM >= 0.10.2 plus the weight-version extension):
+- chat: `prompt_token_ids` (top level; streams: first chunk), `choices[].token_ids` (streams: the
+  chunk's delta ids, EOS included in the last one), `choices[].logprobs.content[].logprob`,
+  hermes tool calls parsed into `tool_calls`, `weight_versions: [{version, start, end}]` per choice
+  when `return_weight_versions` (streams: on the terminal chunk), usage chunk on `include_usage`;
+- completions: string or token-id prompt, `choices[].prompt_token_ids` / `token_ids`,
+  `logprobs.token_logprobs`, `skip_special_tokens`.
+
+It "samples" like a model rather than a tokenizer: completion ids are the reply tokenized in
+3-character pieces and tool-call JSON is written compactly, so re-rendering the reply through
+the chat template gives different ids (token drift), as real models do.
+
+Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s). Run as a process:
+`python tests/vllm_standin.py --tokenizer DIR --port 8001`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+WEIGHT_VERSION = "standin-v1"
+_WORDS = ["alpha", "beta", "gamma", "delta", "paris", "river", "engine", "answer"]
+
+
+def _err(status: int, message: str, type_: str = "BadRequestError") -> Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
+    return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+class StandIn:
+    def __init__(self, tokenizer_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.eos = self.tok.eos_token_id
+        self._prompts: dict[bytes, list[int]] = {}
+        self._replies: dict[tuple, tuple[list[int], list[float]]] = {}
+
+    # ---- "model" ------------------------------------------------------------------------
+    def chat_prompt(self, messages: list, tools: list | None) -> list[int]:
+        key = orjson.dumps([messages, tools])
+        ids = self._prompts.get(key)
+        if ids is None:
+            msgs = [{**m, "content": m.get("content") or ""} for m in messages]
+            text = self.tok.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=True)
+            ids = self._prompts[key] = self.tok.encode(text, add_special_tokens=False)
+        return ids
+
+    def reply(self, prompt_ids: list[int], tools: list | None, n_tool_results: int) -> tuple[list[int], list[float]]:
+        key = (tuple(prompt_ids), bool(tools), n_tool_results)
+        got = self._replies.get(key)
+        if got is not None:
+            return got
+        h = zlib.crc32(str(prompt_ids).encode())
+        word, num = _WORDS[h % len(_WORDS)], h % 1000
+        if tools and n_tool_results < 3:
+            name = tools[0].get("function", tools[0]).get("name", "tool")
+            text = (f"<think>\nI should look up {word}.\n</think>\n\n<tool_call>\n"
+                    f'{{"name":"{name}","arguments":{{"key":"{word}","n":{num}}}}}\n</tool_call>')
+        else:
+            text = f"The answer is {word} {num}."
+        ids: list[int] = []
+        for special in ("<think>", "</think>", "<tool_call>", "</tool_call>"):
+            text = text.replace(special, f"\0{special}\0")
+        for part in text.split("\0"):
+            if part in ("<think>", "</think>", "<tool_call>", "</tool_call>"):
+                ids += self.tok.convert_tokens_to_ids([part])
+            else:  # 3-character pieces: valid ids for the text, but not the tokenizer's own split
+                for i in range(0, len(part), 3):
+                    ids += self.tok.encode(part[i:i + 3], add_special_tokens=False)
+        ids.append(self.eos)
+        lps = [-((t * 7919) % 1000) / 250.0 - 0.01 for t in ids]
+        self._replies[key] = (ids, lps)
+        return ids, lps
+
+    def text(self, ids: list[int], skip_special: bool) -> str:
+        if ids and ids[-1] == self.eos:
+            ids = ids[:-1]
+        return self.tok.decode(ids, skip_special_tokens=skip_special)
+
+    # ---- endpoints ----------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        req = orjson.loads(await request.body())
+        model = req.get("model") or "standin"
+        if bad := await self._hooks(model):
+            return bad
+        tools = req.get("tools") if req.get("tool_choice") != "none" else None
+        prompt = self.chat_prompt(req["messages"], req.get("tools"))
+        ids, lps = self.reply(prompt, tools, sum(m.get("role") == "tool" for m in req["messages"]))
+        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
+        finish = "stop"
+        if len(ids) > max_tokens:
+            ids, lps, finish = ids[:max_tokens], lps[:max_tokens], "length"
+        from harnessrl.proxy.toolparse import parse_hermes
+
+        full = self.text(ids, skip_special=False)
+        content, calls = parse_hermes(full) if tools else (full, [])
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        opts = _Opts(req)
+        if req.get("stream"):
+            return StreamingResponse(self._chat_stream(req, model, prompt, ids, lps, content, calls, finish, opts),
+                                     media_type="text/event-stream")
+        msg = {"role": "assistant", "content": content, "reasoning": None}
+        if calls:
+            msg["tool_calls"] = calls
+        choice = {"index": 0, "message": msg, "finish_reason": finish, "stop_reason": None,
+                  "logprobs": self._chat_lp(ids, lps) if req.get("logprobs") else None}
+        if opts.ids:
+            choice["token_ids"] = ids
+        if opts.versions:
+            choice["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
+        body = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
+                "model": model, "choices": [choice], "usage": _usage(prompt, ids),
+                "prompt_token_ids": prompt if opts.ids else None}
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    def _chat_lp(self, ids: list[int], lps: list[float]) -> dict:
+        return {"content": [{"token": self.tok.convert_ids_to_tokens(t), "logprob": lp, "bytes": None,
+                             "top_logprobs": []} for t, lp in zip(ids, lps)]}
+
+    async def _chat_stream(self, req, model, prompt, ids, lps, content, calls, finish, opts):
+        base = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": model}
+
+        def chunk(delta, tids, finish_reason=None, at=(), top=None, extra=None):
+            ch = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            if req.get("logprobs") and tids:
+                ch["logprobs"] = self._chat_lp(tids, [lps[i] for i in at])
+            if opts.ids:
+                ch["token_ids"] = tids
+            ch.update(extra or {})
+            return b"data: " + orjson.dumps({**base, **(top or {}), "choices": [ch]}) + b"\n\n"
+
+        first = {"role": "assistant", "content": ""}
+        yield chunk(first, [], top={"prompt_token_ids": prompt} if opts.ids else {})
+        # text tokens one per chunk until the tool call; the tool call in one chunk (like the
+        # hermes streaming parser's final flush); EOS on the terminal chunk
+        n_text = len(ids) - 1 if ids and ids[-1] == self.eos else len(ids)
+        streamed = ""
+        i = 0
+        while i < n_text:
+            piece = self.text(ids[: i + 1], skip_special=False)[len(streamed):]
+            if calls and "<tool_call>" in (streamed + piece):
+                break
+            streamed += piece
+            yield chunk({"content": piece}, [ids[i]], at=[i])
+            i += 1
+        if calls:
+            rest = list(range(i, n_text))
+            yield chunk({"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]},
+                        [ids[j] for j in rest], at=rest)
+        last = list(range(n_text, len(ids)))
+        extra = {"weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]} if opts.versions else {}
+        yield chunk({}, [ids[j] for j in last], finish, at=last, extra=extra)
+        if opts.usage:
+            yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(prompt, ids)}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def completions(self, request: Request) -> Response:
+        req = orjson.loads(await request.body())
+        model = req.get("model") or "standin"
+        if bad := await self._hooks(model):
+            return bad
+        p = req["prompt"]
+        if isinstance(p, list) and p and isinstance(p[0], str):
+            p = p[0]
+        prompt = self.tok.encode(p) if isinstance(p, str) else list(p)
+        ids, lps = self.reply(prompt, None, 0)
+        max_tokens = req.get("max_tokens") or 16
+        finish = "stop"
+        if len(ids) > max_tokens:
+            ids, lps, finish = ids[:max_tokens], lps[:max_tokens], "length"
+        skip = req.get("skip_special_tokens", True)
+        opts = _Opts(req)
+        want_lp = req.get("logprobs") is not None
+        if req.get("stream"):
+            return StreamingResponse(self._completion_stream(model, prompt, ids, lps, finish, skip, opts, want_lp),
+                                     media_type="text/event-stream")
+        choice = {"index": 0, "text": self.text(ids, skip), "finish_reason": finish, "stop_reason": None,
+                  "logprobs": self._text_lp(ids, lps) if want_lp else None}
+        if opts.ids:
+            choice["prompt_token_ids"], choice["token_ids"] = prompt, ids
+        if opts.versions:
+            choice["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
+        body = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
+                "model": model, "choices": [choice], "usage": _usage(prompt, ids)}
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    def _text_lp(self, ids, lps) -> dict:
+        return {"text_offset": [], "token_logprobs": lps, "tokens": self.tok.convert_ids_to_tokens(ids),
+                "top_logprobs": [None] * len(ids)}
+
+    async def _completion_stream(self, model, prompt, ids, lps, finish, skip, opts, want_lp):
+        base = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
+                "model": model}
+        streamed = ""
+        for i, t in enumerate(ids):
+            text = self.text(ids[: i + 1], skip)
+            last = i == len(ids) - 1
+            ch = {"index": 0, "text": text[len(streamed):], "finish_reason": finish if last else None,
+                  "logprobs": self._text_lp([t], [lps[i]]) if want_lp else None}
+            streamed = text
+            if opts.ids:
+                ch["token_ids"] = [t]
+                if i == 0:
+                    ch["prompt_token_ids"] = prompt
+            if last and opts.versions:
+                ch["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
+            yield b"data: " + orjson.dumps({**base, "choices": [ch]}) + b"\n\n"
+        if opts.usage:
+            yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(prompt, ids)}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def _hooks(self, model: str) -> Response | None:
+        if model == "fail-500":
+            return _err(500, "injected upstream failure", "InternalServerError")
+        if model == "fail-400":
+            return _err(400, "injected bad request")
+        if model == "slow":
+            await asyncio.sleep(5)
+        return None
+
+
+class _Opts:
+    __slots__ = ("ids", "versions", "usage")
+
+    def __init__(self, req: dict) -> None:
+        self.ids = bool(req.get("return_token_ids"))
+        self.versions = bool(req.get("return_weight_versions"))
+        self.usage = bool((req.get("stream_options") or {}).get("include_usage"))
+
+
+def _usage(prompt: list[int], ids: list[int]) -> dict:
+    return {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+
+
+def create_app(tokenizer_dir: str) -> FastAPI:
+    s = StandIn(tokenizer_dir)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_route("/v1/chat/completions", s.chat, methods=["POST"])
+    app.add_route("/v1/completions", s.completions, methods=["POST"])
+
+    async def models(_request: Request) -> Response:
+        return Response(orjson.dumps({"object": "list", "data": [{"id": "standin", "object": "model"}]}),
+                        media_type="application/json")
+
+    app.add_route("/v1/models", models, methods=["GET"])
+    return app
+
+
+@contextmanager
+def run_standin(tokenizer_dir: str):
+    """The stand-in on a free port in a background thread; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(tokenizer_dir), loop="uvloop", http="httptools",
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def main() -> None:
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8001)
+    args = ap.parse_args()
+    uvicorn.run(create_app(args.tokenizer), host=args.host, port=args.port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False, backlog=4096)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""CAPO partitions (METHODS §6.2 steps 1–3): MLP-unit activation statistics per token class on a
+probe set of successful rollouts, layer-wise importance, top-ρ units per class.
+
+A unit u of layer l is the u-th input of `down_proj` (act(gate)·up); its parameters are row u of
+`gate_proj`/`up_proj` and column u of `down_proj`. A token's activation is read at the position
+that predicts it."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harnessrl.compiler.schema import ACTION, ARGS
+from harnessrl.errors import UserError
+from harnessrl.trainer.data import Sample, collate
+
+CLASSES = {"action": ACTION, "args": ARGS}
+
+
+def mlp_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, mlp) for every gated MLP (gate_proj/up_proj/down_proj) in layer order."""
+    found = [(n, m) for n, m in model.named_modules() if all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj"))]
+    if not found:
+        raise UserError("CAPO needs a gated-MLP model (gate_proj/up_proj/down_proj, as in Llama/Qwen/Mistral)")
+    return found
+
+
+def probe_set(samples: list[Sample], threshold: float | None = None) -> list[Sample]:
+    """Samples of successful rollouts: outcome ≥ threshold, or by default the group's best and > 0."""
+    if threshold is not None:
+        return [s for s in samples if s.outcome_reward >= threshold]
+    best: dict[str, float] = defaultdict(lambda: float("-inf"))
+    for s in samples:
+        best[s.group_id or s.rollout_id] = max(best[s.group_id or s.rollout_id], s.outcome_reward)
+    return [s for s in samples if s.outcome_reward > 0 and s.outcome_reward == best[s.group_id or s.rollout_id]]
+
+
+@torch.no_grad()
+def activation_stats(model: torch.nn.Module, samples: list[Sample], pad_id: int, batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """a^k_{l,u} = mean over probe tokens of class k of |h_{l,u}(t)|, as (layers, units) per class."""
+    mlps = mlp_modules(model)
+    sums = {k: None for k in CLASSES}
+    counts = dict.fromkeys(CLASSES, 0.0)
+    captured: list[torch.Tensor] = [None] * len(mlps)  # type: ignore[list-item]
+
+    def hook(i):
+        def fn(_module, args):
+            captured[i] = args[0].detach().abs().float()
+        return fn
+
+    handles = [m.down_proj.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(mlps)]
+    device = next(model.parameters()).device
+    try:
+        model.eval()
+        for start in range(0, len(samples), batch_size):
+            b = collate(samples[start:start + batch_size], pad_id, device)
+            ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+            attn = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+            model(input_ids=ids, attention_mask=attn)
+            # A token is produced at the position before it: that is where its log-prob (and the
+            # gradient CAPO routes) comes from, so its activation is read there.
+            P = b["prompt_ids"].size(1)
+            if P == 0:
+                raise UserError("samples with an empty prompt cannot be probed")
+            for name, code in CLASSES.items():
+                sel = (b["token_class"] == code) & (b["loss_mask"] > 0)  # (B, C) over completion positions
+                acts = torch.stack([c[:, P - 1:-1, :][sel] for c in captured])  # (L, N, I)
+                s = acts.sum(1)
+                sums[name] = s if sums[name] is None else sums[name] + s
+                counts[name] += float(sel.sum())
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for name in CLASSES:
+        if not counts[name]:
+            raise UserError(f"the probe set has no {name} tokens: compile with token classes, or lower the probe threshold")
+        out[name] = (sums[name] / counts[name]).cpu()
+    return out
+
+
+def layer_importance(a: torch.Tensor) -> list[float]:
+    """s_l = Σ_u a_{l,u} / Σ_{l',u} a_{l',u}."""
+    per_layer = a.sum(1)
+    return (per_layer / per_layer.sum()).tolist()
+
+
+def top_units(score: torch.Tensor, rho: float) -> torch.Tensor:
+    """Boolean (layers, units): per layer, the top ⌈ρ·units⌉ units by score."""
+    k = max(1, int(round(rho * score.size(1))))
+    mask = torch.zeros_like(score, dtype=torch.bool)
+    mask.scatter_(1, score.topk(k, dim=1).indices, True)
+    return mask
+
+
+@dataclass
+class Partition:
+    modules: list[str]  # names of the MLP modules, layer order
+    act: torch.Tensor  # bool (layers, units)
+    args: torch.Tensor
+    meta: dict
+
+    def save(self, path: str | Path) -> None:
+        torch.save({"modules": self.modules, "act": self.act, "args": self.args, "meta": self.meta}, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Partition":
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"partition file not found: {p}")
+        try:
+            d = torch.load(p, map_location="cpu", weights_only=True)
+            return cls(d["modules"], d["act"].bool(), d["args"].bool(), d["meta"])
+        except Exception as exc:
+            raise UserError(f"{p} is not a CAPO partition file ({type(exc).__name__})") from None
+
+
+def build_partition(model, samples: list[Sample], pad_id: int, rho: float = 0.25, by: str = "activation",
+                    threshold: float | None = None) -> tuple[Partition, dict]:
+    if not 0 < rho <= 1:
+        raise UserError(f"rho must be in (0, 1], got {rho}")
+    if by not in ("activation", "contrast"):
+        raise UserError(f"--by must be activation or contrast, got {by!r}")
+    probe = probe_set(samples, threshold)
+    if not probe:
+        raise UserError("no successful rollout in the samples to probe (no group has a best outcome > 0)")
+    stats = activation_stats(model, probe, pad_id)
+    if by == "contrast":
+        act, args = top_units(stats["action"] - stats["args"], rho), top_units(stats["args"] - stats["action"], rho)
+    else:
+        act, args = top_units(stats["action"], rho), top_units(stats["args"], rho)
+    report = {
+        "probe_samples": len(probe),
+        "rho": rho,
+        "by": by,
+        "importance": {"action": layer_importance(stats["action"]), "args": layer_importance(stats["args"])},
+        "overlap_per_layer": ((act & args).sum(1).float() / act.sum(1).float()).tolist(),
+        "units_per_layer": int(act.size(1)),
+    }
+    names = [n for n, _ in mlp_modules(model)]
+    return Partition(names, act, args, report), report
+
+
+def plot_importance(report: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, values in report["importance"].items():
+        ax.plot(range(len(values)), values, marker="o", label=name)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share of MLP activation")
+    ax.set_title("CAPO layer-wise importance")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(partition: Partition, report: dict, out: str | Path) -> tuple[Path, Path, Path]:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partition.save(out)
+    js, png = out.with_suffix(".json"), out.with_suffix(".png")
+    js.write_text(json.dumps(report, indent=2))
+    plot_importance(report, png)
+    return out, js, png

@@ -1,0 +1,113 @@
+"""Training configuration: one dataclass, filled from defaults, then a YAML file, then CLI flags.
+
+Every METHODS §6 constant is a field here, never a literal in the objectives."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import UserError
+
+ALGOS = ("grpo", "capo", "matpo", "pact")
+LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean")
+
+
+@dataclass
+class TrainConfig:
+    samples: str = ""
+    model: str = ""
+    algo: str = "grpo"
+    out: str = "checkpoints"
+    steps: int = 1
+    batch_size: int = 8  # samples per optimizer step
+    grad_accum: int = 1
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    epsilon: float = 0.2  # ε_lo
+    epsilon_high: float | None = None  # ε_hi; None = ε_lo
+    beta: float | None = None  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
+    loss_agg: str = "token_mean"
+    temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
+    tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
+    tis_cap: float = 2.0
+    seed: int = 0
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_target: str = "all-linear"
+    report_to: str = "none"
+    logging_steps: int = 1
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    push: str | None = None  # proxy URL (local backend) or vLLM URL
+    push_target: str = "auto"  # auto | proxy | vllm
+    version: str | None = None  # weight version name for the push; default derived from the out dir
+    db: str | None = None  # records DB to record a vLLM push's weight version in
+    # capo (§6.2)
+    partition: str | None = None
+    capo_gamma: float = 0.0
+    capo_other: bool = True  # L_other on reasoning/format tokens with full-parameter gradient
+    # pact (§6.4)
+    pact_q: float = 0.4
+    pact_beta_sft: float = 0.1
+    pact_lambda_start: float = 0.8
+    pact_lambda_end: float = 0.2
+    pact_level_limits_context: bool = False  # the reasoning-prefix level also limits what c^h shows
+
+    def kl_beta(self) -> float:
+        if self.beta is not None:
+            return self.beta
+        return 0.001 if self.algo == "pact" else 0.0
+
+    def validate(self) -> "TrainConfig":
+        if self.algo not in ALGOS:
+            raise UserError(f"unknown --algo {self.algo!r}; choose one of {', '.join(ALGOS)}")
+        if self.loss_agg not in LOSS_AGGS:
+            raise UserError(f"unknown --loss-agg {self.loss_agg!r}; choose one of {', '.join(LOSS_AGGS)}")
+        if self.algo == "matpo" and self.loss_agg != "token_mean":
+            raise UserError("matpo uses token_mean aggregation over the augmented batch (METHODS §6.3)")
+        if self.algo == "capo" and not self.partition:
+            raise UserError("--algo capo needs --partition FILE (make one with `harnessrl capo-partition`)")
+        if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
+            raise UserError("--steps, batch size and grad accumulation must be positive")
+        if self.batch_size % self.grad_accum:
+            raise UserError(f"batch size {self.batch_size} is not a multiple of grad_accum {self.grad_accum}")
+        if not 0.0 <= self.pact_q <= 1.0:
+            raise UserError(f"pact_q must be in [0, 1], got {self.pact_q}")
+        if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):
+            raise UserError("epsilon must be positive")
+        return self
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> TrainConfig:
+    """Defaults ← YAML file ← explicit overrides (CLI flags left unset are passed as None and ignored)."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"config file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise UserError(f"config file {p} must hold a mapping of option: value")
+        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise UserError(f"unknown config option(s): {', '.join(unknown)}")
+    try:
+        cfg = TrainConfig(**values)
+    except TypeError as exc:
+        raise UserError(f"bad config: {exc}") from None
+    return cfg.validate()
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return asdict(cfg)

@@ -1,0 +1,168 @@
+"""Compiled samples in, padded tensors out, and the loss aggregation modes (METHODS §6 common).
+
+A sample's "prompt" is the root call's prompt (`prompt_len` tokens); everything after it is the
+"completion" TRL scores. Observation tokens inside it keep attention but have loss mask 0, so the
+attention mask and the loss mask are separate tensors (TRL's `completion_mask` / `tool_mask`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harnessrl.compiler.schema import SAMPLE_SCHEMA
+from harnessrl.errors import UserError
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    rollout_id: str
+    task_id: str | None
+    group_id: str | None
+    agent: str | None
+    outcome_reward: float
+    input_ids: list[int]
+    loss_mask: list[int]
+    token_class: list[int]
+    advantage: list[float]
+    behaviour_logprob: list[float]  # nan where unknown
+    prompt_len: int
+
+
+@dataclass
+class Task:
+    task_id: str
+    input: Any = None
+    reference: Any = None
+    expert_trace: dict | None = None
+
+
+@dataclass
+class Dataset:
+    samples: list[Sample]
+    tasks: dict[str, Task] = field(default_factory=dict)
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def load_samples(samples_dir: str | Path) -> Dataset:
+    """Read `samples.parquet` (and `tasks.parquet` when present) written by `harnessrl compile`."""
+    import pyarrow.parquet as pq
+
+    d = Path(samples_dir)
+    path = d / "samples.parquet" if d.is_dir() else d
+    if not path.is_file():
+        raise UserError(f"no samples found: {path} (run `harnessrl compile` first)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise UserError(f"cannot read {path}: {exc}") from None
+    missing = [n for n in SAMPLE_SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise UserError(f"{path} is not a compiled sample file (missing columns: {', '.join(missing)})")
+    rows = table.to_pylist()
+    samples = []
+    for r in rows:
+        n = len(r["input_ids"])
+        if not (len(r["loss_mask"]) == len(r["token_class"]) == len(r["advantage"]) == len(r["behaviour_logprob"]) == n):
+            raise UserError(f"sample {r['sample_id']}: per-token columns differ in length")
+        if not 0 <= r["prompt_len"] <= n:
+            raise UserError(f"sample {r['sample_id']}: prompt_len {r['prompt_len']} outside 0..{n}")
+        samples.append(
+            Sample(
+                sample_id=r["sample_id"],
+                rollout_id=r["rollout_id"] or r["sample_id"],
+                task_id=r["task_id"],
+                group_id=r["group_id"] or r["task_id"],
+                agent=r["agent"],
+                outcome_reward=float(r["outcome_reward"] or 0.0),
+                input_ids=r["input_ids"],
+                loss_mask=r["loss_mask"],
+                token_class=r["token_class"],
+                advantage=r["advantage"],
+                behaviour_logprob=[math.nan if v is None else v for v in r["behaviour_logprob"]],
+                prompt_len=r["prompt_len"],
+            )
+        )
+    samples = [s for s in samples if any(s.loss_mask[s.prompt_len:])]
+    if not samples:
+        raise UserError(f"{path} holds no sample with a trainable token")
+    tasks: dict[str, Task] = {}
+    tpath = path.with_name("tasks.parquet")
+    if tpath.is_file():
+        for r in pq.read_table(tpath).to_pylist():
+            tasks[r["task_id"]] = Task(r["task_id"], _json(r.get("input")), _json(r.get("reference")), _json(r.get("expert_trace")))
+    return Dataset(samples, tasks)
+
+
+def collate(samples: list[Sample], pad_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Left-pad prompts and right-pad completions, TRL's layout. Per-token columns cover the completion."""
+    B = len(samples)
+    P = max(s.prompt_len for s in samples)
+    C = max(len(s.input_ids) - s.prompt_len for s in samples)
+    prompt_ids = torch.full((B, P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    completion_ids = torch.full((B, C), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((B, C), dtype=torch.long)
+    loss_mask = torch.zeros((B, C), dtype=torch.float32)
+    token_class = torch.zeros((B, C), dtype=torch.long)
+    advantages = torch.zeros((B, C), dtype=torch.float32)
+    behaviour = torch.full((B, C), math.nan, dtype=torch.float32)
+    rollouts: dict[str, int] = {}
+    rollout_index = torch.zeros(B, dtype=torch.long)
+    for i, s in enumerate(samples):
+        p, ids = s.prompt_len, s.input_ids
+        c = len(ids) - p
+        if p:
+            prompt_ids[i, P - p:] = torch.tensor(ids[:p])
+            prompt_mask[i, P - p:] = 1
+        if c:
+            completion_ids[i, :c] = torch.tensor(ids[p:])
+            completion_mask[i, :c] = 1
+            loss_mask[i, :c] = torch.tensor(s.loss_mask[p:], dtype=torch.float32)
+            token_class[i, :c] = torch.tensor(s.token_class[p:])
+            advantages[i, :c] = torch.tensor(s.advantage[p:], dtype=torch.float32)
+            behaviour[i, :c] = torch.tensor(s.behaviour_logprob[p:], dtype=torch.float32)
+        rollout_index[i] = rollouts.setdefault(s.rollout_id, len(rollouts))
+    out = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "loss_mask": loss_mask * completion_mask,
+        "token_class": token_class,
+        "advantages": advantages,
+        "behaviour_logps": behaviour,
+        "rollout_index": rollout_index,
+    }
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, rollout_index: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss under a (B, T) 0/1 (or weighted) mask.
+
+    token_mean: Σ l·m / Σ m over the batch; seq_mean: mean over samples with tokens of each sample's
+    token mean; rollout_mean: mean over rollouts of the token mean over all of a rollout's samples."""
+    if mode == "token_mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if mode == "seq_mean":
+        tokens = mask.sum(-1)
+        per_seq = (per_token * mask).sum(-1) / tokens.clamp(min=1.0)
+        has = (tokens > 0).to(per_seq.dtype)
+        return (per_seq * has).sum() / has.sum().clamp(min=1.0)
+    if mode == "rollout_mean":
+        if rollout_index is None:
+            raise ValueError("rollout_mean needs rollout_index")
+        n = int(rollout_index.max()) + 1 if rollout_index.numel() else 0
+        sums = torch.zeros(n, dtype=per_token.dtype, device=per_token.device).index_add(0, rollout_index, (per_token * mask).sum(-1))
+        counts = torch.zeros(n, dtype=per_token.dtype, device=per_token.device).index_add(0, rollout_index, mask.sum(-1).to(per_token.dtype))
+        has = (counts > 0).to(per_token.dtype)
+        return (sums / counts.clamp(min=1.0) * has).sum() / has.sum().clamp(min=1.0)
+    raise ValueError(f"unknown loss aggregation {mode!r}")

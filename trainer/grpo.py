@@ -1,0 +1,162 @@
+"""The TRL GRPOTrainer fed with compiled batches, and the `grpo` objective (METHODS §6.1).
+
+TRL's loop, optimizer, logging (`report_to`), accelerate/DeepSpeed/FSDP and fused log-prob head
+are kept. Two methods change: `_generate_and_score_completions` collates compiled samples instead
+of generating, and `_compute_loss` computes our objective from TRL's per-token log-probs.
+`tests/test_trainer_grpo.py` checks the grpo loss equals TRL's own `_compute_loss` on the same tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from harnessrl.errors import UserError
+from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.data import Dataset, Sample, aggregate, collate
+from harnessrl.trainer.losses import clip_fraction, clipped_surrogate, k3_kl, tis_weight
+
+
+def grpo_args(cfg: TrainConfig, n_samples: int, **extra: Any) -> GRPOConfig:
+    """TRL config for a compiled-sample run. num_generations only satisfies TRL's checks: groups
+    are already normalised by the compiler, and our sampler ignores it."""
+    per_step = min(cfg.batch_size, n_samples)
+    per_device = max(1, per_step // cfg.grad_accum)
+    if per_device * cfg.grad_accum < 2:
+        raise UserError("a training step needs at least 2 samples (TRL's GRPO batch constraint)")
+    kwargs = dict(
+        output_dir=cfg.out,
+        max_steps=cfg.steps,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=cfg.grad_accum,
+        num_generations=per_device * cfg.grad_accum,
+        beta=cfg.kl_beta(),
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        temperature=cfg.temperature,
+        report_to=cfg.report_to,
+        logging_steps=cfg.logging_steps,
+        seed=cfg.seed,
+        bf16=cfg.bf16,
+        save_strategy="no",
+        dataloader_drop_last=n_samples >= per_device * cfg.grad_accum,
+        disable_tqdm=False,
+    )
+    if cfg.gradient_checkpointing:
+        kwargs["gradient_checkpointing"] = True
+    kwargs.update(extra)
+    return GRPOConfig(**kwargs)
+
+
+def compiled_reward(**_: Any) -> list[float]:
+    """TRL wants a reward source; ours are in the samples already, so this is never called."""
+    raise RuntimeError("rewards come from the compiled samples")
+
+
+class HarnessTrainer(GRPOTrainer):
+    """Base trainer; `objective` is the grpo loss. Subclasses override `objective` / `build_batch`."""
+
+    algo = "grpo"
+
+    def __init__(self, model, cfg: TrainConfig, data: Dataset, tokenizer, args: GRPOConfig | None = None, peft_config=None, callbacks=None):
+        from datasets import Dataset as HFDataset
+
+        self.cfg = cfg
+        self.data = data
+        args = args or grpo_args(cfg, len(data.samples))
+        index = HFDataset.from_dict({"prompt": list(range(len(data.samples)))})
+        super().__init__(
+            model=model, reward_funcs=[compiled_reward], args=args, train_dataset=index, processing_class=tokenizer,
+            peft_config=peft_config, callbacks=callbacks,
+        )
+        self.pad_id = self._tokenizer.pad_token_id
+
+    # -- data ---------------------------------------------------------------------------------
+    def _get_train_sampler(self, dataset=None):
+        # Compiled samples are already grouped and normalised: a plain seeded shuffle, no repeats.
+        g = torch.Generator()
+        g.manual_seed(self.args.seed)
+        return torch.utils.data.RandomSampler(dataset if dataset is not None else self.train_dataset, generator=g)
+
+    def build_batch(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
+        return collate(samples, self.pad_id, self.accelerator.device)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        samples = [self.data.samples[int(x["prompt"])] for x in inputs]
+        batch = self.build_batch(samples)
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        keep = batch["completion_ids"].size(1)
+        with torch.no_grad():
+            # As in TRL: the start-of-step policy equals the current one unless generation and
+            # optimisation are misaligned, and then it is recomputed here.
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self.args.gradient_accumulation_steps % generate_every != 0:
+                batch["old_per_token_logps"] = self._get_per_token_logps_and_entropies(self.model, ids, attn, keep)[0]
+            if self.beta != 0.0:
+                batch["ref_per_token_logps"] = self._reference_logps(ids, attn, keep)
+        batch["num_items_in_batch"] = batch["loss_mask"].sum()
+        return batch
+
+    def _reference_logps(self, ids: torch.Tensor, attn: torch.Tensor, keep: int) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._get_per_token_logps_and_entropies(self.ref_model, ids, attn, keep)[0]
+        with self.accelerator.unwrap_model(self.model).disable_adapter():  # PEFT: the base model is the reference
+            return self._get_per_token_logps_and_entropies(self.model, ids, attn, keep)[0]
+
+    # -- loss ---------------------------------------------------------------------------------
+    def policy_logps(self, model, inputs: dict[str, torch.Tensor], prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.cat([inputs[prefix + "prompt_ids"], inputs[prefix + "completion_ids"]], dim=1)
+        attn = torch.cat([inputs[prefix + "prompt_mask"], inputs[prefix + "completion_mask"]], dim=1)
+        logps, entropy, _ = self._get_per_token_logps_and_entropies(
+            model, ids, attn, inputs[prefix + "completion_ids"].size(1), compute_entropy=True
+        )
+        return logps, entropy
+
+    def per_token_loss(self, logps: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clipped surrogate × truncated-IS weight + β·KL, per token; also returns logp_old."""
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
+        loss = clipped_surrogate(logps, old, inputs["advantages"], self.epsilon_low, self.epsilon_high)
+        if self.cfg.tis:
+            loss = loss * tis_weight(old, inputs["behaviour_logps"], self.cfg.tis_cap)
+        if self.beta != 0.0:
+            kl = k3_kl(logps, inputs["ref_per_token_logps"])
+            loss = loss + self.beta * kl
+            self._log("kl", aggregate(kl.detach(), inputs["loss_mask"], "token_mean"))
+        return loss, old
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return aggregate(per_token, mask, self.cfg.loss_agg, inputs["rollout_index"])
+
+    def objective(self, model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Loss terms for one micro-batch; "loss" is what is minimised (before accumulation scaling)."""
+        logps, entropy = self.policy_logps(model, inputs)
+        per_token, old = self.per_token_loss(logps, inputs)
+        mask = inputs["loss_mask"]
+        self._log("entropy", aggregate(entropy.detach(), mask, "token_mean"))
+        self._log("clip_ratio", clip_fraction(logps, old, inputs["advantages"], mask, self.epsilon_low, self.epsilon_high))
+        return {"loss": self.aggregate(per_token, mask, inputs)}
+
+    def _compute_loss(self, model, inputs):
+        terms = self.objective(model, inputs)
+        for name, value in terms.items():
+            if name != "loss":
+                self._log(f"loss/{name}", value)
+        scale = self.current_gradient_accumulation_steps if self.model.training else 1
+        return terms["loss"] / scale
+
+    def _log(self, name: str, value: torch.Tensor | float) -> None:
+        mode = "train" if self.model.training else "eval"
+        v = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        self._metrics[mode][name].append(self.accelerator.gather(v.to(self.accelerator.device).reshape(1)).mean().item())
+
+    def fixed_batch(self, indices: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """The batch `_generate_and_score_completions` would build for these samples (tests, bench)."""
+        idx = range(len(self.data.samples)) if indices is None else indices
+        return self._generate_and_score_completions([{"prompt": i} for i in idx])

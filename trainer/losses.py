@@ -1,0 +1,32 @@
+"""Per-token terms shared by every objective (METHODS §6 common).
+
+ρ = exp(logp_θ − logp_old);  ℓ = −min(ρA, clip(ρ, 1−ε_lo, 1+ε_hi)A);
+KL: k3 estimator exp(ref − logp) − (ref − logp) − 1 (TRL's);
+truncated IS: w = min(exp(logp_old − logp_behaviour), C), 1 where the behaviour log-prob is unknown."""
+
+from __future__ import annotations
+
+import torch
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -torch.min(ratio * adv, clipped * adv)
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def tis_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Detached per-token weight; unknown behaviour log-probs (NaN) give weight 1."""
+    w = torch.exp(old_logp.detach() - behaviour_logp).clamp(max=cap)
+    return torch.where(torch.isnan(behaviour_logp), torch.ones_like(w), w)
+
+
+def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float) -> float:
+    ratio = torch.exp(logp.detach() - old_logp)
+    clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
+    return float((clipped.float() * mask).sum() / mask.sum().clamp(min=1.0))
