@@ -9,9 +9,11 @@ the first of action > args > reasoning > format among its bytes.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +25,6 @@ _RANK = np.zeros(5, dtype=np.int8)
 _RANK[[FORMAT, REASONING, ARGS, ACTION]] = [1, 2, 3, 4]
 _FROM_RANK = np.array([FORMAT, FORMAT, REASONING, ARGS, ACTION], dtype=np.int8)
 
-_WS = np.zeros(256, dtype=bool)
-_WS[[9, 10, 11, 12, 13, 32]] = True
 
 
 @dataclass
@@ -52,13 +52,15 @@ class TokenText:
     """Token id → bytes table of a tokenizer, for decoding with byte offsets."""
 
     def __init__(self, tokenizer: Any):
-        n = len(tokenizer)
-        added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        """`tokenizer`: a transformers tokenizer or a `tokenizers.Tokenizer`."""
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        n = backend.get_vocab_size(with_added_tokens=True)
+        added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
         table: list[bytes] = []
-        if type(decoder).__name__ == "ByteLevel":
+        if type(backend.decoder).__name__ == "ByteLevel":
             to_byte = {c: b for b, c in _bytes_to_unicode().items()}
-            for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(n)))):
+            for i in range(n):
+                tok = backend.id_to_token(i)
                 if i in added:
                     table.append(added[i].encode())
                 elif tok is None:
@@ -66,12 +68,24 @@ class TokenText:
                 else:
                     table.append(bytes(to_byte.get(ch, 63) for ch in tok))
         else:  # e.g. SentencePiece: per-token decode (a split multi-byte character is approximate)
-            table = [tokenizer.decode([i]).encode() for i in range(n)]
+            table = [backend.decode([i], skip_special_tokens=False).encode() for i in range(n)]
         self.table = table
         self.lens = np.array([len(b) for b in table], dtype=np.int64)
         self.special = np.zeros(n, dtype=bool)
         self.special[list(added)] = True
-        self.eos_id = tokenizer.eos_token_id
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> TokenText:
+        """From a model/tokenizer directory; reads `tokenizer.json` directly when there is one
+        (no transformers import: the compiler starts in a fraction of a second)."""
+        path = Path(path)
+        if (path / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            return cls(Tokenizer.from_file(str(path / "tokenizer.json")))
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(path))
 
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
         """Bytes of `ids` and the start offset of each token (plus the end, len(ids)+1 items)."""
@@ -98,13 +112,14 @@ class ParsedResponse:
     has_answer_marker: bool = False
 
 
-_TOOL_CALL = re.compile(rb"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
-_MCP = re.compile(rb"<use_mcp_tool>(.*?)(?:</use_mcp_tool>|\Z)", re.S)
-_MCP_FIELD = re.compile(rb"<(server_name|tool_name|arguments)>(.*?)(?:</\1>|\Z)", re.S)
-_ANSWER = re.compile(rb"(<answer>)(.*?)(</answer>|\Z)", re.S)
+# `[^\x00]` and `(?=\x00)`: a batch joins completions with NUL bytes, and no span crosses one
+_TOOL_CALL = re.compile(rb"<tool_call>([^\x00]*?)(?:</tool_call>|(?=\x00)|\Z)")
+_MCP = re.compile(rb"<use_mcp_tool>([^\x00]*?)(?:</use_mcp_tool>|(?=\x00)|\Z)")
+_MCP_FIELD = re.compile(rb"<(server_name|tool_name|arguments)>([^\x00]*?)(?:</\1>|(?=\x00)|\Z)")
+_ANSWER = re.compile(rb"(<answer>)([^\x00]*?)(</answer>|(?=\x00)|\Z)")
 _BOXED = re.compile(rb"\\boxed\{")
 _THINK_CLOSE = re.compile(rb"</think>")
-_THINK = re.compile(rb"(<think>)(.*?)(</think>|\Z)", re.S)
+_THINK = re.compile(rb"(<think>)([^\x00]*?)(</think>|(?=\x00)|\Z)")
 
 
 def _json_object(raw: str) -> dict[str, Any] | None:
@@ -130,6 +145,8 @@ def _boxed_span(text: bytes, start: int) -> tuple[int, int] | None:
     i = start + len(b"\\boxed{")
     depth = 1
     for j in range(i, len(text)):
+        if text[j] == 0:
+            return None
         if text[j] == 0x7B:
             depth += 1
         elif text[j] == 0x7D:
@@ -244,68 +261,121 @@ def _value_role(frames: list[list[Any]], top_roles: bool, tool_name: bytes, cfg:
     return frames[-1][2]
 
 
-def label_bytes(text: bytes, special: np.ndarray | None = None,
+_HERMES_CALL = re.compile(rb'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\{.*\})\s*\}\s*', re.S)
+_ARG_VALUES = re.compile(rb'"((?:[^"\\]|\\.)*)"(\s*:)?|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null')
+
+
+def _label_hermes(text: bytes, start: int, end: int, labels: np.ndarray, cfg: ClassConfig) -> None:
+    """`{"name": …, "arguments": {…}}`: one match and a scan of the values (the common, fast
+    case); anything else (other key order, malformed JSON, a dispatch) goes through the lexer."""
+    m = _HERMES_CALL.fullmatch(text, start, end)
+    if m is None or m.group(1).decode(errors="replace") in cfg.dispatch_tools:
+        _label_json(text, start, end, labels, cfg, top_roles=True)
+        return
+    labels[m.start(1):m.end(1)] = ACTION
+    for v in _ARG_VALUES.finditer(text, m.start(2), m.end(2)):
+        if v.group(2) is not None:
+            continue  # a key
+        if v.group(1) is not None:
+            labels[v.start(1):v.end(1)] = ARGS
+        else:
+            labels[v.start():v.end()] = ARGS
+
+
+def label_bytes(text: bytes, special_spans: list[tuple[int, int]] = (),
                 native_calls: list[dict[str, Any]] | None = None,
                 cfg: ClassConfig | None = None) -> np.ndarray:
-    """A class per byte of a completion. `special`: bytes of special tokens (EOS, tags)."""
-    cfg = cfg or ClassConfig()
+    """A class per byte of one completion. `special_spans`: byte spans of special tokens (EOS,
+    tags): format unless a recognised span covers them."""
+    return _label(text, [0], list(special_spans), [native_calls], cfg or ClassConfig())
+
+
+def _label(text: bytes, call_starts: list[int], special_spans: list[tuple[int, int]],
+           natives: list[list[dict[str, Any]] | None], cfg: ClassConfig) -> np.ndarray:
+    """Labels for completions joined by NUL bytes starting at `call_starts`: one regex pass per
+    format over the whole batch."""
     labels = np.zeros(len(text), dtype=np.int8)
-    close = _THINK_CLOSE.search(text)
-    if close and text.find(b"<think>", 0, close.start()) < 0:  # the template opened <think>
-        labels[: close.start()] = REASONING
-        labels[close.start():close.end()] = FORMAT
-    for m in _THINK.finditer(text):
-        labels[m.start(1):m.end(1)] = FORMAT
-        labels[m.start(2):m.end(2)] = REASONING
-        labels[m.start(3):m.end(3)] = FORMAT
-    for m in _TOOL_CALL.finditer(text):
-        labels[m.start():m.end()] = FORMAT
-        _label_json(text, m.start(1), m.end(1), labels, cfg, top_roles=True)
-    for m in _MCP.finditer(text):
-        labels[m.start():m.end()] = FORMAT
-        for f in _MCP_FIELD.finditer(text, m.start(1), m.end(1)):
-            if f.group(1) == b"arguments":
-                _label_json(text, f.start(2), f.end(2), labels, cfg, top_roles=False)
-            else:  # server (sub-agent) and tool names are the decision
-                labels[f.start(2):f.end(2)] = ACTION
-    for m in _ANSWER.finditer(text):
-        labels[m.start(1):m.end(1)] = ACTION
-        labels[m.start(2):m.end(2)] = ARGS
-        labels[m.start(3):m.end(3)] = FORMAT
-    for m in _BOXED.finditer(text):
-        span = _boxed_span(text, m.start())
-        end = span[1] + 1 if span else len(text)
-        labels[m.start():m.end() - 1] = ACTION
-        labels[m.end() - 1] = FORMAT
-        labels[m.end():end - 1 if span else end] = ARGS
-        if span:
-            labels[span[1]] = FORMAT
-    if native_calls and not (labels == ACTION).any():
-        _label_native(text, labels, native_calls)
-    free = labels == NONE
-    if special is not None:
-        labels[free & special] = FORMAT
-        free = labels == NONE
-    ws = _WS[np.frombuffer(text, dtype=np.uint8)] if text else np.zeros(0, dtype=bool)
-    labels[free & ws] = FORMAT
-    labels[free & ~ws] = REASONING
+    for a, b in special_spans:
+        labels[a:b] = FORMAT
+    if b"think>" in text:
+        for close in _THINK_CLOSE.finditer(text):
+            start = call_starts[bisect.bisect_right(call_starts, close.start()) - 1]
+            if text.find(b"<think>", start, close.start()) < 0:  # the template opened <think>
+                labels[start:close.start()] = REASONING
+                labels[close.start():close.end()] = FORMAT
+        for m in _THINK.finditer(text):
+            labels[m.start(1):m.end(1)] = FORMAT
+            labels[m.start(2):m.end(2)] = REASONING
+            labels[m.start(3):m.end(3)] = FORMAT
+    if b"<tool_call>" in text:
+        for m in _TOOL_CALL.finditer(text):
+            labels[m.start():m.end()] = FORMAT
+            _label_hermes(text, m.start(1), m.end(1), labels, cfg)
+    if b"<use_mcp_tool>" in text:
+        for m in _MCP.finditer(text):
+            labels[m.start():m.end()] = FORMAT
+            for f in _MCP_FIELD.finditer(text, m.start(1), m.end(1)):
+                if f.group(1) == b"arguments":
+                    _label_json(text, f.start(2), f.end(2), labels, cfg, top_roles=False)
+                else:  # server (sub-agent) and tool names are the decision
+                    labels[f.start(2):f.end(2)] = ACTION
+    if b"<answer>" in text:
+        for m in _ANSWER.finditer(text):
+            labels[m.start(1):m.end(1)] = ACTION
+            labels[m.start(2):m.end(2)] = ARGS
+            labels[m.start(3):m.end(3)] = FORMAT
+    if b"\\boxed{" in text:
+        for m in _BOXED.finditer(text):
+            span = _boxed_span(text, m.start())
+            labels[m.start():m.end() - 1] = ACTION
+            labels[m.end() - 1] = FORMAT
+            if span:
+                labels[span[0]:span[1]] = ARGS
+                labels[span[1]] = FORMAT
+            else:
+                stop = text.find(b"\x00", m.end())
+                labels[m.end():stop if stop >= 0 else len(text)] = ARGS
+    for k, native in enumerate(natives):
+        if native:
+            a = call_starts[k]
+            b = call_starts[k + 1] - 1 if k + 1 < len(call_starts) else len(text)
+            if not (labels[a:b] == ACTION).any():
+                _label_native(text, a, b, labels, native)
+    _label_free_text(text, labels)
     return labels
 
 
-def _label_native(text: bytes, labels: np.ndarray, native_calls: list[dict[str, Any]]) -> None:
+def _label_free_text(text: bytes, labels: np.ndarray) -> None:
+    """Unlabelled runs are free text: reasoning, except whitespace at either end (format)."""
+    free = np.flatnonzero(labels == NONE)
+    if not len(free):
+        return
+    breaks = np.flatnonzero(np.diff(free) > 1)
+    starts = [int(free[0])] + (free[breaks + 1]).tolist()
+    ends = (free[breaks] + 1).tolist() + [int(free[-1]) + 1]
+    for a, b in zip(starts, ends):
+        seg = text[a:b]
+        lead = len(seg) - len(seg.lstrip())
+        body = len(seg.rstrip())
+        labels[a:b] = FORMAT
+        if body > lead:
+            labels[a + lead:a + body] = REASONING
+
+
+def _label_native(text: bytes, start: int, end: int, labels: np.ndarray, native_calls: list[dict[str, Any]]) -> None:
     """Tool calls in a format we do not parse: find the name and the argument values in the
     raw text, in order."""
-    pos = 0
+    pos = start
     for tc in native_calls:
         call = _native_call(tc)
         if call.name:
-            i = text.find(call.name.encode(), pos)
+            i = text.find(call.name.encode(), pos, end)
             if i >= 0:
                 labels[i:i + len(call.name.encode())] = ACTION
                 pos = i + len(call.name.encode())
         for v in (call.arguments or {}).values():
             needle = (v if isinstance(v, str) else json.dumps(v)).encode()
-            i = text.find(needle, pos) if needle else -1
+            i = text.find(needle, pos, end) if needle else -1
             if i >= 0:
                 labels[i:i + len(needle)] = ARGS
                 pos = i + len(needle)
@@ -314,17 +384,51 @@ def _label_native(text: bytes, labels: np.ndarray, native_calls: list[dict[str, 
 def token_classes(ids: np.ndarray, tt: TokenText, native_calls: list[dict[str, Any]] | None = None,
                   cfg: ClassConfig | None = None) -> np.ndarray:
     """A class per completion token (action > args > reasoning > format on boundary tokens)."""
-    if len(ids) == 0:
-        return np.zeros(0, dtype=np.int8)
+    return batch_token_classes([ids], tt, [native_calls], cfg)[0]
+
+
+def batch_token_classes(completions: list[np.ndarray], tt: TokenText,
+                        natives: list[list[dict[str, Any]] | None] | None = None,
+                        cfg: ClassConfig | None = None) -> list[np.ndarray]:
+    """Token classes of many completions at once: their bytes are joined with NUL separators
+    and labelled in one pass, so the per-call cost is a few regex matches, not numpy calls."""
+    cfg = cfg or ClassConfig()
+    natives = natives or [None] * len(completions)
+    table = tt.table
+    texts = [b"".join([table[i] for i in c.tolist()]) for c in completions]
+    if any(b"\x00" in t for t in texts):  # a NUL inside a completion: label those one by one
+        return [_one_by_one(c, tt, n, cfg) if b"\x00" in t else batch_token_classes([c], tt, [n], cfg)[0]
+                for c, t, n in zip(completions, texts, natives)]
+    big = b"\x00".join(texts)
+    counts = np.array([len(c) for c in completions], dtype=np.int64)
+    ids = np.concatenate(completions).astype(np.int64) if len(completions) else np.zeros(0, dtype=np.int64)
+    lens = tt.lens[ids]
+    call_of_token = np.repeat(np.arange(len(completions)), counts)
+    # byte start of each token: bytes before it plus one separator per earlier completion
+    starts = np.cumsum(lens) - lens + call_of_token
+    text_lens = np.array([len(t) for t in texts], dtype=np.int64)
+    call_starts = (np.cumsum(text_lens + 1) - (text_lens + 1)).tolist()
+    specials = np.flatnonzero(tt.special[ids])
+    special_spans = list(zip(starts[specials].tolist(), (starts[specials] + lens[specials]).tolist()))
+    labels = _label(big, call_starts, special_spans, natives, cfg)
+    out = np.full(len(ids), FORMAT, dtype=np.int8)
+    nonempty = lens > 0
+    if len(big) and nonempty.any():
+        # a token's span runs to the next non-empty token's start; the bytes in between are its
+        # own or a separator (format: never raises the maximum)
+        out[nonempty] = _FROM_RANK[np.maximum.reduceat(_RANK[labels], starts[nonempty])]
+    return np.split(out, np.cumsum(counts)[:-1].tolist())
+
+
+def _one_by_one(ids: np.ndarray, tt: TokenText, native: list[dict[str, Any]] | None, cfg: ClassConfig) -> np.ndarray:
+    """A completion whose text holds NUL bytes: regexes may stop at them, but no other
+    completion is affected."""
     text, offsets = tt.decode(ids)
-    special = np.repeat(tt.special[ids], tt.lens[ids])
-    labels = label_bytes(text, special, native_calls, cfg)
+    specials = np.flatnonzero(tt.special[ids]).tolist()
+    labels = _label(text, [0], [(offsets[i], offsets[i + 1]) for i in specials], [native], cfg)
+    out = np.full(len(ids), FORMAT, dtype=np.int8)
     starts, ends = offsets[:-1], offsets[1:]
     nonempty = ends > starts
-    out = np.full(len(ids), FORMAT, dtype=np.int8)
     if nonempty.any():
-        ranks = _RANK[labels]
-        out[nonempty] = _FROM_RANK[np.maximum.reduceat(ranks, starts[nonempty])]
-        # reduceat spans run to the next start; empty tokens share a start with the next token,
-        # so the spans of the non-empty tokens are exact
+        out[nonempty] = _FROM_RANK[np.maximum.reduceat(_RANK[labels], starts[nonempty])]
     return out

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 
 from harnessrl.compiler import advantages as adv
-from harnessrl.compiler.classes import ClassConfig, ParsedResponse, TokenText, parse_response, token_classes
+from harnessrl.compiler.classes import ClassConfig, ParsedResponse, TokenText, batch_token_classes, parse_response
 from harnessrl.compiler.matchtir import call_rewards, reference_calls, turn_rewards
 from harnessrl.compiler.rewards import dispatch_ok, f1, load_reward_fn, observed_results, tool_format
 from harnessrl.compiler.schema import CLASS_NAMES, SAMPLE_SCHEMA, TASK_SCHEMA
@@ -34,6 +34,9 @@ from harnessrl.errors import UserError
 from harnessrl.records import Call, ExpertTrace, Reward, Rollout, Task, unpack_ids, unpack_logprobs
 
 PROCESS_REWARDS = ("tool_format", "dispatch_ok", "matchtir")
+STAT_KEYS = ("calls", "failed", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
+             "roots_drift", "roots_rewrite", "untrained_sessions", "no_outcome", "tokens_recorded",
+             "tokens_emitted", "trainable_tokens", "class_reasoning", "class_action", "class_args", "class_format")
 
 
 @dataclass
@@ -127,7 +130,7 @@ class Compiler:
         self.reward_fn = load_reward_fn(opts.reward) if opts.reward else None
         self._tokenizer: Any = None
         self._tt: TokenText | None = None
-        self.totals: Counter = Counter()
+        self.totals: Counter = Counter(dict.fromkeys(STAT_KEYS, 0))
         self.per_rollout: dict[str, dict[str, Any]] = {}
         self.tasks: dict[str, dict[str, Any]] = {}
         self.tasks_with_samples: set[str] = set()
@@ -170,16 +173,21 @@ class Compiler:
                     out[r.id] = r.request
         return out
 
+    def _tokenizer_dir(self) -> str:
+        path = self.opts.tokenizer or self._recorded_model_dir()
+        if not path:
+            raise UserError("no tokenizer: pass --tokenizer DIR (the recorded model is not a local directory)")
+        if not Path(path).is_dir():
+            raise UserError(f"tokenizer directory not found: {path}")
+        return path
+
     @property
     def tokenizer(self) -> Any:
+        """The transformers tokenizer (its chat template re-renders calls recorded without ids)."""
         if self._tokenizer is None:
-            path = self.opts.tokenizer or self._recorded_model_dir()
-            if not path:
-                raise UserError("no tokenizer: pass --tokenizer DIR (the recorded model is not a local directory)")
-            if not Path(path).is_dir():
-                raise UserError(f"tokenizer directory not found: {path}")
             from transformers import AutoTokenizer
 
+            path = self._tokenizer_dir()
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(path)
             except Exception as exc:  # noqa: BLE001 - a user path that holds no tokenizer
@@ -189,7 +197,11 @@ class Compiler:
     @property
     def token_text(self) -> TokenText:
         if self._tt is None:
-            self._tt = TokenText(self.tokenizer)
+            path = self._tokenizer_dir()
+            try:
+                self._tt = TokenText.from_dir(path)
+            except Exception as exc:  # noqa: BLE001 - a user path that holds no tokenizer
+                raise UserError(f"cannot load a tokenizer from {path}: {exc}") from None
         return self._tt
 
     def _recorded_model_dir(self) -> str | None:
@@ -259,17 +271,20 @@ class Compiler:
                 calls[r.rollout_id].append(_call_tokens(r, prompt, completion, None, retokenized=True))
                 extra[r.id] = (r.response_text, r.tool_calls)
                 works[r.rollout_id].stats["retokenized"] += 1
-        tt = self.token_text if extra else None
+        placed: list[tuple[RolloutWork, SessionTree, int]] = []
         for rid, w in works.items():
             w.trees = build_forest(calls[rid])
             first = min(calls[rid], key=lambda c: c.seq, default=None)
             w.central = self.opts.central_agent or (first.agent if first else None)
-            for tree in w.trees:
-                for i, node in enumerate(tree.nodes):
-                    c = node.call
-                    text, native = extra[c.call_id]
-                    w.units[c.call_id] = Unit(c, tree, i, token_classes(c.completion, tt, native, self.opts.class_config),
-                                              text or "", native)
+            placed.extend((w, tree, i) for tree in w.trees for i in range(len(tree.nodes)))
+        if placed:
+            classes = batch_token_classes([t.nodes[i].call.completion for _, t, i in placed], self.token_text,
+                                          [extra[t.nodes[i].call.call_id][1] for _, t, i in placed],
+                                          self.opts.class_config)
+            for (w, tree, i), cls in zip(placed, classes):
+                c = tree.nodes[i].call
+                text, native = extra[c.call_id]
+                w.units[c.call_id] = Unit(c, tree, i, cls, text or "", native)
         self._edges(list(works.values()))
         return list(works.values())
 
@@ -456,9 +471,9 @@ class Compiler:
                 blp[a:b] = c.logprobs
                 blp_valid[a:b] = True
             w.stats["trainable_tokens"] += b - a
-            for k, name in CLASS_NAMES.items():
-                if k:
-                    w.stats[f"class_{name}"] += int(np.count_nonzero(u.classes == k))
+        for k, count in enumerate(np.bincount(cls, minlength=len(CLASS_NAMES)).tolist()):
+            if k:
+                w.stats[f"class_{CLASS_NAMES[k]}"] += count
         breakdown = {"outcome": w.outcome, "process": process, "advantage": self.opts.advantage,
                      "parent_call": w.edges.get(tree.key)}
         return {
@@ -554,7 +569,9 @@ class SampleWriter:
         self.flush_tokens = flush_tokens
         self.rows: list[dict[str, Any]] = []
         self.pending = 0
-        self.writer = pq.ParquetWriter(path, SAMPLE_SCHEMA)
+        # dictionary-encode the identity strings only: token lists are high-cardinality
+        self.writer = pq.ParquetWriter(path, SAMPLE_SCHEMA, use_dictionary=[
+            "rollout_id", "task_id", "group_id", "agent", "session_id", "weight_version"])
 
     def add(self, row: dict[str, Any]) -> int:
         self.rows.append(row)

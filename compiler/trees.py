@@ -1,18 +1,19 @@
 """Session prefix trees over token arrays (METHODS §2).
 
 Per rollout and session key (the harness's session id, else the agent name), calls are inserted
-in `seq` order. A call extends the deepest earlier node whose `S = prompt ⧺ completion` is an
-exact prefix of its prompt; calls from the same context become siblings; anything else starts
+in `seq` order. A call extends the deepest earlier node (the longest `S = prompt ⧺ completion`)
+whose S is an exact prefix of its prompt; calls from the same context become siblings; anything else starts
 a new root (never spliced). Every root-to-leaf path is one linear sample; a node's generated
 tokens are trainable only in the first path through it (paths ordered depth-first, children in
 `seq` order, i.e. lexicographically by the seqs along the path).
 
-Prefix search walks the trie: a child is compared only on the tokens it adds beyond its
-parent's `S`, so each call costs one comparison of its own prompt length in numpy.
+Prefix search tries the earlier nodes longest-S first: in a linear session the previous call
+matches at once, so each call costs one numpy comparison of its prompt.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,7 +47,7 @@ class Node:
     call: CallTokens
     parent: int  # index in SessionTree.nodes, -1 for a root
     cause: str | None  # root cause (ROOT_CAUSES), None for attached nodes
-    decision_index: int  # rank of the call among its session's calls, by seq
+    decision_index: int  # the turn: parent's + 1; 0 for a first call; after a rewrite, the session's next
     children: list[int] = field(default_factory=list)
 
 
@@ -55,6 +56,7 @@ class SessionTree:
     key: str
     nodes: list[Node] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
+    by_length: list[int] = field(default_factory=list)  # node indices, longest S first
 
     def s_tokens(self, i: int) -> np.ndarray:
         c = self.nodes[i].call
@@ -71,34 +73,18 @@ def _s_is_prefix(c: CallTokens, prompt: np.ndarray) -> bool:
     lp, ls = len(c.prompt), c.s_len
     return (
         ls <= len(prompt)
+        and np.array_equal(prompt[lp:ls], c.completion)  # the short part first: a cheap reject
         and np.array_equal(prompt[:lp], c.prompt)
-        and np.array_equal(prompt[lp:ls], c.completion)
-    )
-
-
-def _child_extends(child: CallTokens, parent_len: int, prompt: np.ndarray) -> bool:
-    """Is S_child a prefix of `prompt`, given that S_parent (length parent_len) already is?"""
-    ls = child.s_len
-    lp = len(child.prompt)
-    return (
-        ls <= len(prompt)
-        and np.array_equal(prompt[parent_len:lp], child.prompt[parent_len:])
-        and np.array_equal(prompt[lp:ls], child.completion)
     )
 
 
 def _deepest_prefix(tree: SessionTree, prompt: np.ndarray) -> int:
-    """The deepest node whose S is a prefix of `prompt`, or -1. Matching nodes are closed under
-    ancestors, so a walk from matching roots through matching children finds them all."""
-    best, best_len = -1, -1
-    stack = [r for r in tree.roots if _s_is_prefix(tree.nodes[r].call, prompt)]
-    while stack:
-        i = stack.pop()
-        ls = tree.nodes[i].call.s_len
-        if ls > best_len:
-            best, best_len = i, ls
-        stack.extend(ch for ch in tree.nodes[i].children if _child_extends(tree.nodes[ch].call, ls, prompt))
-    return best
+    """The node with the longest S that is a prefix of `prompt`, or -1. Nodes are tried
+    longest first, so a linear session costs one comparison per call."""
+    for i in tree.by_length:
+        if tree.nodes[i].call.s_len <= len(prompt) and _s_is_prefix(tree.nodes[i].call, prompt):
+            return i
+    return -1
 
 
 def _root_cause(tree: SessionTree, prompt: np.ndarray) -> str:
@@ -116,15 +102,20 @@ def _root_cause(tree: SessionTree, prompt: np.ndarray) -> str:
 def build_tree(key: str, calls: list[CallTokens]) -> SessionTree:
     """Insert one session's calls (any order; sorted by seq here) into a prefix tree."""
     tree = SessionTree(key)
-    for rank, call in enumerate(sorted(calls, key=lambda c: c.seq)):
+    for call in sorted(calls, key=lambda c: c.seq):
         parent = _deepest_prefix(tree, call.prompt)
         idx = len(tree.nodes)
         if parent >= 0:
-            tree.nodes.append(Node(call, parent, None, rank))
+            tree.nodes.append(Node(call, parent, None, tree.nodes[parent].decision_index + 1))
             tree.nodes[parent].children.append(idx)
         else:
-            tree.nodes.append(Node(call, -1, _root_cause(tree, call.prompt), rank))
+            cause = _root_cause(tree, call.prompt)
+            # a retry of the first turn is turn 0 again; a rewritten context continues the session
+            index = 0 if cause in ("start", "branch") else 1 + max(n.decision_index for n in tree.nodes)
+            tree.nodes.append(Node(call, -1, cause, index))
             tree.roots.append(idx)
+        lengths = [-tree.nodes[i].call.s_len for i in tree.by_length]
+        tree.by_length.insert(bisect.bisect_right(lengths, -call.s_len), idx)
     return tree
 
 

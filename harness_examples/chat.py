@@ -6,11 +6,14 @@ per-rollout result the loop aggregates."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+
+from harnessrl.client import HarnessRL
 
 CALL_ID_HEADER = "x-harnessrl-call"
 
@@ -47,6 +50,19 @@ class RolloutResult:
 
 class EpisodeStopped(Exception):
     """The server refused a call a rollout can cause (context length, bad request): end the episode."""
+
+
+@contextmanager
+def harnessrl_client(hrl: HarnessRL | str) -> Iterator[HarnessRL]:
+    """The given client, or one for the given proxy URL that is closed afterwards."""
+    if isinstance(hrl, HarnessRL):
+        yield hrl
+        return
+    client = HarnessRL(hrl)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def make_client(base_url: str, api_key: str, headers: dict[str, str] | None = None) -> openai.OpenAI:

@@ -20,9 +20,11 @@ from harnessrl.harness_examples.chat import RolloutResult
 def run_many(run_one: Callable[[Any], RolloutResult], tasks: Sequence[Any], group: int, concurrency: int,
              label: str = "rollouts") -> list[RolloutResult]:
     """`group` rollouts of every task, `concurrency` at a time; results in task order."""
+    if group < 1 or concurrency < 1:
+        raise UserError("--group and --concurrency must be at least 1")
     jobs = [task for task in tasks for _ in range(group)]
     results: list[RolloutResult | None] = [None] * len(jobs)
-    with Progress(transient=True) as progress, ThreadPoolExecutor(max(1, concurrency)) as pool:
+    with Progress(transient=True) as progress, ThreadPoolExecutor(concurrency) as pool:
         bar = progress.add_task(label, total=len(jobs))
         futures = {pool.submit(run_one, task): i for i, task in enumerate(jobs)}
         for future in as_completed(futures):

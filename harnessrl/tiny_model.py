@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -45,12 +46,19 @@ _SUBJECTS = (
     "tennis soccer hockey bitcoin gold silver copper iron carbon oxygen helium einstein newton "
     "darwin tesla curie turing"
 ).split()
-_VERBS = "get search find lookup fetch read send list check compute add open create book translate run".split()
-_NOUNS = "weather file message price stock flight user city number email news time order ticket word page".split()
-_PARAMS = "query city key location path text name id symbol word expression topic date url term item".split()
+# The tool and parameter names the model is taught: a tool call copies the name of the first
+# given tool and of its first required parameter, which the tiny model only learns reliably
+# for names it has seen (one token each). Harnesses that want tool calls use these names.
+TOOL_NAMES = (
+    "lookup search web_search calculator add multiply get_weather get_time get_price get_stock_price "
+    "read_file write_file list_files send_message send_email translate fetch_news book_flight "
+    "open_page run_code create_ticket find_user check_order dispatch"
+).split()
+PARAM_NAMES = "query city expression path text symbol topic url id name date location".split()
+_GENERATION_PROMPT = "<|im_start|>assistant\n"
 _LEADS = [
     "What is", "Tell me about", "Please look up", "Find", "Can you check", "I need", "Search for",
-    "Give me the {noun} of", "What do you know about", "Look up the {noun} for", "Get",
+    "Give me the", "What do you know about", "Look up", "Get", "Compute", "Send",
 ]
 
 
@@ -58,17 +66,8 @@ def chat_template() -> str:
     return resources.files("harnessrl").joinpath("chat_template.jinja").read_text()
 
 
-def _tool_name(rng: random.Random) -> str:
-    kind = rng.random()
-    if kind < 0.6:
-        return f"{rng.choice(_VERBS)}_{rng.choice(_NOUNS)}"
-    if kind < 0.8:
-        return rng.choice(_VERBS) + rng.choice(_NOUNS).capitalize()
-    return rng.choice(_VERBS + _NOUNS)
-
-
 def _tool(rng: random.Random, name: str) -> dict:
-    params = rng.sample(_PARAMS, rng.choice([1, 1, 2]))
+    params = rng.sample(PARAM_NAMES, rng.choice([1, 1, 2]))
     props = {p: {"type": "string", "description": f"The {p}."} for p in params}
     if len(params) == 2 and rng.random() < 0.5:
         props[params[1]] = {"type": "integer"}
@@ -78,7 +77,7 @@ def _tool(rng: random.Random, name: str) -> dict:
 
 
 def _question(rng: random.Random, subject: str) -> str:
-    lead = rng.choice(_LEADS).format(noun=rng.choice(_NOUNS))
+    lead = rng.choice(_LEADS)
     filler = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(0, 4)))
     return f"{lead} {filler + ' ' if filler else ''}{subject}?"
 
@@ -113,12 +112,7 @@ def _chats(seed: int, n: int) -> list[tuple[list[dict], list[dict] | None]]:
     for _ in range(n):
         messages = [{"role": "system", "content": "You are a helpful agent."}] if rng.random() < 0.2 else []
         if rng.random() < 0.8:
-            names: list[str] = []
-            want = rng.randint(1, 3)
-            while len(names) < want:
-                if (name := _tool_name(rng)) not in names:
-                    names.append(name)
-            tools = [_tool(rng, name) for name in names]
+            tools = [_tool(rng, name) for name in rng.sample(TOOL_NAMES, rng.randint(1, 3))]
             for _ in range(rng.randint(1, 2)):
                 messages += _tool_round(rng, tools)
             out.append((messages, tools))
@@ -141,11 +135,17 @@ def _render(messages: list[dict], tools: list[dict] | None, add_generation_promp
 
 
 def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Merges may cross spaces, so the template's fixed sentences become a few tokens (short
+    # prompts make the imprint cheap); lines and JSON punctuation runs stay apart, so a name
+    # between `"name": "` and `", "` is split the same way in a tool schema and in a tool call.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r'\n|\s*(?:["{}\[\]:,]\s*)+'), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -167,20 +167,16 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
 
 def _training_batches(tokenizer, seed: int, n: int, batch_size: int):
     """Fixed-order (input_ids, labels) batches of whole chats; the loss is on the assistant turns
-    only (their text and the EOS that ends them), each rendered after exactly the prompt the
-    model would be given for it."""
+    only (their text and the EOS that ends them)."""
     import torch
 
     rows = []
     for messages, tools in _chats(seed, n):
         full = _render(messages, tools)
-        spans = []
-        for i, m in enumerate(messages):
-            if m["role"] == "assistant":
-                prompt = _render(messages[:i], tools, add_generation_prompt=True)
-                turn = _render(messages[: i + 1], tools)
-                assert full.startswith(turn) and turn.startswith(prompt), "the template must render prompts as prefixes"
-                spans.append((len(prompt), len(turn) - 1))  # up to and including <|im_end|>, not the newline
+        # Each assistant turn follows its generation prompt and ends with EOS (this template
+        # renders every prompt as a prefix of the whole chat).
+        spans = [(m.end(), full.index("<|im_end|>", m.end()) + len("<|im_end|>"))
+                 for m in re.finditer(re.escape(_GENERATION_PROMPT), full)]
         enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
         labels = [t if any(a <= start < b for a, b in spans) else -100
                   for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"])]

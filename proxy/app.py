@@ -8,7 +8,8 @@ path, and their bodies are checked by hand so any malformed request gets an Open
 from __future__ import annotations
 
 import math
-import uuid
+import os
+import re
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -68,21 +69,32 @@ class WeightsIn(BaseModel):
     version: str | None = None
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    size = request.headers.get("content-length")
+_HOT_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>chat/completions|completions)/?$")
+_HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
+                b"x-harnessrl-session", b"x-harnessrl-parent-call"}
+
+
+async def _read_body(headers: dict[str, str], receive, limit: int) -> bytes:
+    """The request body, refused (413) past `limit` bytes without reading the rest."""
+    size = headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
     chunks, total = [], 0
-    async for chunk in request.stream():
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise ProxyError(400, "the client disconnected", code="client_disconnected")
+        chunk = msg.get("body", b"")
         total += len(chunk)
         if total > limit:
             raise ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not msg.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> FastAPI:
-    """The app for `cfg`; `backend` is the loaded local backend (backend="local")."""
+def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyApp:
+    """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local")."""
     cfg.check()
     engine, session_factory = open_db(cfg.db)
     store = Rollouts(session_factory)
@@ -157,25 +169,20 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> FastAPI
         if status == "finished":
             raise ProxyError(409, f"rollout {rollout_id!r} is finished", code="rollout_finished")
 
-    def _endpoint(chat: bool):
-        async def handle(request: Request) -> Response:
-            try:
-                check_auth(request.headers, cfg.api_key)
-                ident = identify(request.path_params, request.headers, cfg.api_key)
-                req = parse_json(await _read_body(request, cfg.max_body_bytes))
-                (check_chat if chat else check_completion)(req)
-                await _rollout_ok(ident.rollout)
-                calls: Calls = state["calls"]
-                call_id = uuid.uuid4().hex
-                return await (calls.chat if chat else calls.completions)(req, ident, call_id)
-            except ProxyError as err:
-                return _error(err)
-        return handle
-
-    chat, completions = _endpoint(True), _endpoint(False)
-    for prefix in ("", "/r/{rollout}/a/{agent}"):
-        app.add_route(prefix + "/v1/chat/completions", chat, methods=["POST"])
-        app.add_route(prefix + "/v1/completions", completions, methods=["POST"])
+    async def hot(scope, receive, send, chat: bool, path_params: dict) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _HOT_HEADERS}
+        try:
+            check_auth(headers, cfg.api_key)
+            ident = identify(path_params, headers, cfg.api_key)
+            req = parse_json(await _read_body(headers, receive, cfg.max_body_bytes))
+            (check_chat if chat else check_completion)(req)
+            await _rollout_ok(ident.rollout)
+            calls: Calls = state["calls"]
+            call_id = os.urandom(16).hex()
+            response = await (calls.chat if chat else calls.completions)(req, ident, call_id)
+        except ProxyError as err:
+            response = _error(err)
+        await response(scope, receive, send)
 
     async def models(request: Request) -> Response:
         try:
@@ -249,4 +256,29 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> FastAPI
         store.weight_version(version, body.path)
         return _json({"version": version})
 
-    return app
+    return ProxyApp(app, hot)
+
+
+class ProxyApp:
+    """The ASGI app: OpenAI POST endpoints go straight to their handler (the hot path skips
+    FastAPI's middleware and routing layers); everything else, lifespan included, to FastAPI."""
+
+    def __init__(self, api: FastAPI, hot) -> None:
+        self.api = api
+        self._hot = hot
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            m = _HOT_PATH.match(scope["path"])
+            if m is not None:
+                params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
+                try:
+                    await self._hot(scope, receive, send, m["kind"] == "chat/completions", params)
+                except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
+                    err = ProxyError(500, f"internal proxy error: {type(exc).__name__}: {exc}", "server_error")
+                    try:
+                        await _error(err)(scope, receive, send)
+                    except Exception:  # noqa: BLE001 - the response had already started
+                        pass
+                return
+        await self.api(scope, receive, send)

@@ -28,6 +28,7 @@ from harnessrl.proxy.recorder import CallRecord, Recorder
 from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
 from harnessrl.proxy.upstream import StreamAssembler, extract_and_strip, prepare, sse_events
 from harnessrl.proxy.upstream_tokens import upstream_error
+from harnessrl.errors import UserError
 from harnessrl.records import pack_ids, pack_logprobs
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -377,6 +378,8 @@ def _transport_error(exc: BaseException) -> ProxyError:
 def _backend_error(exc: BaseException) -> ProxyError:
     if isinstance(exc, ProxyError):
         return exc
+    if isinstance(exc, UserError):  # e.g. the prompt does not fit the model's context
+        return ProxyError(400, str(exc), "invalid_request_error", code="backend_rejected")
     if isinstance(exc, (UpstreamConnectionError, asyncio.TimeoutError)):
         return _transport_error(exc)
     return ProxyError(500, f"model backend failed: {exc}", "server_error", code="backend_error")

@@ -50,6 +50,23 @@ class _Conn(asyncio.Protocol):
         self._done = loop.create_future()  # resolves at message complete
         self._chunks: asyncio.Queue[bytes | None] | None = asyncio.Queue() if streaming else None
         self._keep_alive = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self, timeout: float) -> None:
+        """(Re)start the inactivity timer: no byte from the upstream for `timeout` s fails the request."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._pool.loop.call_later(timeout, self._timed_out)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        self._fail(asyncio.TimeoutError())
+        self.close()
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -57,6 +74,8 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if self._streaming and self._timer is not None:
+            self.arm(self._pool.timeout)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -65,6 +84,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.disarm()
         self._fail(UpstreamConnectionError("upstream closed the connection"))
 
     def _fail(self, exc: Exception) -> None:
@@ -92,6 +112,7 @@ class _Conn(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self.disarm()
         if self._chunks is not None:
             self._chunks.put_nowait(None)
         if not self._done.done():
@@ -105,6 +126,7 @@ class _Conn(asyncio.Protocol):
     def send(self, data: bytes, streaming: bool) -> None:
         self._reset(streaming)
         assert self.transport is not None
+        self.arm(self._pool.timeout)
         self.transport.write(data)
 
 
@@ -160,15 +182,12 @@ class Pool:
             conn = await self._acquire()
             conn.send(data, streaming)
             try:
-                await asyncio.wait_for(asyncio.shield(conn._head), self.timeout)
+                await conn._head
                 return conn
             except UpstreamConnectionError:
                 conn.close()
                 if attempt == 0 and conn.reused and not conn.got_bytes:
                     continue
-                raise
-            except asyncio.TimeoutError:
-                conn.close()
                 raise
             except BaseException:
                 conn.close()
@@ -179,7 +198,7 @@ class Pool:
                       headers: dict[str, str] | None = None) -> Response:
         conn = await self._send(self._request_bytes(method, path, body, headers), streaming=False)
         try:
-            await asyncio.wait_for(asyncio.shield(conn._done), self.timeout)
+            await conn._done
         except BaseException:
             conn.close()
             raise
@@ -198,7 +217,7 @@ class Pool:
             finished = False
             try:
                 while True:
-                    chunk = await asyncio.wait_for(conn._chunks.get(), self.timeout)
+                    chunk = await conn._chunks.get()
                     if chunk is None:
                         break
                     yield chunk

@@ -13,6 +13,7 @@ larger seq because the earlier one was committed before its response was release
 from __future__ import annotations
 
 import asyncio
+import operator
 import queue
 import threading
 import time
@@ -56,7 +57,8 @@ class CallRecord:
 
 
 _COLUMNS = [f.name for f in fields(CallRecord)]
-_JSON = {"request", "response", "tool_calls"}
+_JSON_AT = [_COLUMNS.index(c) for c in ("request", "response", "tool_calls")]
+_values = operator.attrgetter(*_COLUMNS)
 
 
 class RecordError(Exception):
@@ -171,10 +173,11 @@ class Recorder:
                 continue
             seq = got[0][0] - len(idx)
             for i in idx:
-                r = recs[i]
-                rows.append(tuple(
-                    _json(getattr(r, c)) if c in _JSON else getattr(r, c) for c in _COLUMNS
-                ) + (seq,))
+                row = list(_values(recs[i]))
+                for j in _JSON_AT:
+                    row[j] = _json(row[j])
+                row.append(seq)
+                rows.append(row)
                 seq += 1
         if rows:
             cur.executemany(self._insert, rows)

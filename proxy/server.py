@@ -28,7 +28,7 @@ def load_backend(cfg: ProxyConfig):
 
     if not Path(cfg.model or "").is_dir():
         raise UserError(f"--model must be a checkpoint directory, got {cfg.model!r}")
-    return LocalBackend(cfg.model, seed=cfg.seed)
+    return LocalBackend(cfg.model, seed=cfg.seed, model_name=cfg.served_model_name)
 
 
 def build_app(cfg: ProxyConfig, backend=None):
@@ -40,7 +40,8 @@ def build_app(cfg: ProxyConfig, backend=None):
 
 def _uvicorn_config(app, cfg: ProxyConfig) -> uvicorn.Config:
     return uvicorn.Config(app, loop="uvloop", http="httptools", log_level=cfg.log_level, access_log=False,
-                          lifespan="on", timeout_keep_alive=75, backlog=4096)
+                          lifespan="on", timeout_keep_alive=75, backlog=4096,
+                          proxy_headers=False)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harnessrl.compiler.classes import TokenText, label_bytes, parse_response, token_classes
+from harnessrl.compiler.classes import TokenText, batch_token_classes, label_bytes, parse_response, token_classes
 from harnessrl.compiler.schema import ACTION as A
 from harnessrl.compiler.schema import ARGS as G
 from harnessrl.compiler.schema import FORMAT as F
@@ -43,7 +43,7 @@ def check(tok, tt, segments, native=None):
     want_bytes = [c for s, c in segments for _ in s.encode()]
     ids = np.array(tok.encode(text, add_special_tokens=False), dtype=np.int32)
     raw, offsets = tt.decode(ids)
-    special = np.repeat(tt.special[ids], tt.lens[ids])
+    special = [(offsets[i], offsets[i + 1]) for i in np.flatnonzero(tt.special[ids])]
     assert label_bytes(raw, special, native).tolist() == want_bytes
     want_tokens = [max(want_bytes[a:b], key=PRIORITY.get) for a, b in zip(offsets[:-1], offsets[1:])]
     assert token_classes(ids, tt, native).tolist() == want_tokens
@@ -98,8 +98,37 @@ def test_think_opened_by_the_template(tok, tt):
 
 def test_native_tool_calls_found_in_raw_text(tok, tt):
     native = [{"id": "x", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "alpha"}'}}]
-    check(tok, tt, [("call", R), (" ", F), ("lookup", A), (" ", F), ("with", R), (" ", F), ("key=", R), ("alpha", G),
+    check(tok, tt, [("call", R), (" ", F), ("lookup", A), (" ", F), ("with key=", R), ("alpha", G),
                     ("<|im_end|>", F)], native)
+
+
+def test_nested_arguments_and_the_lexer_agree(tok, tt):
+    # the fast path ({"name", "arguments"} in that order) and the lexer (other key order) label
+    # the same values: strings' insides, numbers and literals are args; keys and syntax format
+    check(tok, tt, [('<tool_call>\n{"name": "', F), ("search", A), ('", "arguments": {"q": "', F), ('a \\"b\\"', G),
+                    ('", "opts": {"k": [', F), ("1", G), (', "', F), ("x", G), ('"]}, "f": ', F), ("false", G),
+                    ("}}\n</tool_call>", F)])
+    check(tok, tt, [('<tool_call>\n{"arguments": {"q": "', F), ("a", G), ('"}, "name": "', F), ("search", A),
+                    ('"}\n</tool_call>', F)])
+
+
+def test_batch_equals_one_by_one(tok, tt):
+    texts = ['<think>\nhm', '<tool_call>\n{"name": "a", "arguments": {"k": "v"', "\\boxed{12", "plain</think> x",
+             "ok <answer>y</answer>", "", "call lookup now"]
+    natives = [None, None, None, None, None, None,
+               [{"type": "function", "function": {"name": "lookup", "arguments": "{}"}}]]
+    comps = [np.array(tok.encode(t, add_special_tokens=False), dtype=np.int32) for t in texts]
+    batch = batch_token_classes(comps, tt, natives)
+    single = [token_classes(c, tt, n) for c, n in zip(comps, natives)]
+    assert [b.tolist() for b in batch] == [x.tolist() for x in single]
+    # unterminated spans stop at their own completion: "\\boxed{12" is action/format/args,
+    # and the next completion starts as free text
+    assert batch[3][0] == R and batch[2][-1] == G
+    # a completion holding a NUL byte is labelled on its own, the others still in one batch
+    odd = np.array(tok.encode("x\x00 <answer>y</answer>", add_special_tokens=False), dtype=np.int32)
+    mixed = batch_token_classes([comps[4], odd, comps[6]], tt, [None, None, natives[6]])
+    assert [m.tolist() for m in mixed] == [single[4].tolist(), token_classes(odd, tt).tolist(), single[6].tolist()]
+    assert A in mixed[1].tolist() and G in mixed[1].tolist()
 
 
 def test_parse_response():

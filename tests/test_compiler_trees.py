@@ -53,6 +53,7 @@ def test_retry_branches_and_shared_tokens_are_trained_once():
         call("c2", 2, [1, 2, 3, 4], [6]),  # retry of c1: same context → sibling
     ])
     assert [n.parent for n in tree.nodes] == [-1, 0, 0]
+    assert [n.decision_index for n in tree.nodes] == [0, 1, 1]  # the retry is the same turn
     p1, p2 = linear_paths(tree)
     assert (p1.nodes, p1.trainable) == ([0, 1], [True, True])
     assert (p2.nodes, p2.trainable) == ([0, 2], [False, True])
@@ -85,6 +86,8 @@ def test_new_roots_by_cause():
         call("c4", 4, [1, 8, 6, 7, 5], [2]),  # extends the rewritten root
     ])
     assert [n.cause for n in tree.nodes] == ["start", "branch", "drift", "rewrite", None]
+    # turns: the branch repeats turn 0; drift and rewrite continue the session (1 + the max so far)
+    assert [n.decision_index for n in tree.nodes] == [0, 0, 1, 2, 3]
     assert tree.roots == [0, 1, 2, 3] and tree.nodes[4].parent == 3
     paths = linear_paths(tree)
     assert [p.nodes for p in paths] == [[0], [1], [2], [3, 4]]

@@ -94,3 +94,40 @@ def write_samples(out: Path, rows: list[dict], traces: dict[str, dict] | None = 
 
 def is_close(a: float, b: float, tol: float = 1e-5) -> bool:
     return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def tiny_samples(root: Path, model_dir: Path, traces: bool = False, **kw) -> Path:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = make_rows(tok, **kw)
+    return write_samples(root, rows, {r["task_id"]: EXPERT_TRACE for r in rows} if traces else None)
+
+
+def make_trainer(cls, model_dir: Path, samples: Path, **cfg_kw):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.trainer.data import load_samples
+
+    defaults = dict(samples=str(samples), model=str(model_dir), out=str(samples / "out"), steps=2, batch_size=8, lr=1e-5, report_to="none")
+    extra = cfg_kw.pop("trainer_kwargs", {})
+    cfg = TrainConfig(**{**defaults, **cfg_kw}).validate()
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return cls(model, cfg, load_samples(samples), tok, **extra)
+
+
+def own_loss(trainer, batch: dict, old) -> float:
+    """The trainer's objective on a fixed batch with logp_old fixed (the policy before training)."""
+    import torch
+
+    with torch.no_grad():
+        return float(trainer.objective(trainer.model, {**batch, "old_per_token_logps": old})["loss"])
+
+
+def start_logps(trainer, batch: dict):
+    import torch
+
+    with torch.no_grad():
+        return trainer.policy_logps(trainer.model, batch)[0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -49,6 +50,7 @@ class StandIn:
         self.eos = self.tok.eos_token_id
         self._prompts: dict[bytes, list[int]] = {}
         self._replies: dict[tuple, tuple[list[int], list[float]]] = {}
+        self._pieces: dict[tuple, list[str]] = {}
 
     # ---- "model" ------------------------------------------------------------------------
     def chat_prompt(self, messages: list, tools: list | None) -> list[int]:
@@ -60,15 +62,19 @@ class StandIn:
             ids = self._prompts[key] = self.tok.encode(text, add_special_tokens=False)
         return ids
 
-    def reply(self, prompt_ids: list[int], tools: list | None, n_tool_results: int) -> tuple[list[int], list[float]]:
-        key = (tuple(prompt_ids), bool(tools), n_tool_results)
+    def reply(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        """Like a model, answers from the prompt alone: with tool schemas in it, a tool call
+        (until three tool results came back), else a short answer."""
+        key = tuple(prompt_ids)
         got = self._replies.get(key)
         if got is not None:
             return got
         h = zlib.crc32(str(prompt_ids).encode())
         word, num = _WORDS[h % len(_WORDS)], h % 1000
-        if tools and n_tool_results < 3:
-            name = tools[0].get("function", tools[0]).get("name", "tool")
+        prompt = self.tok.decode(prompt_ids)
+        tools = re.search(r"<tools>\n(.*)\n", prompt)
+        if tools and prompt.count("<tool_response>") < 3:
+            name = orjson.loads(tools.group(1)).get("name", "tool")
             text = (f"<think>\nI should look up {word}.\n</think>\n\n<tool_call>\n"
                     f'{{"name":"{name}","arguments":{{"key":"{word}","n":{num}}}}}\n</tool_call>')
         else:
@@ -87,6 +93,19 @@ class StandIn:
         self._replies[key] = (ids, lps)
         return ids, lps
 
+    def pieces(self, ids: list[int], skip_special: bool = False) -> list[str]:
+        """The text each token adds (what a streaming detokenizer emits), cached per reply."""
+        key = (tuple(ids), skip_special)
+        got = self._pieces.get(key)
+        if got is None:
+            got, prev = [], ""
+            for i in range(len(ids)):
+                now = self.tok.decode(ids[: i + 1], skip_special_tokens=skip_special)
+                got.append(now[len(prev):])
+                prev = now
+            self._pieces[key] = got
+        return got
+
     def text(self, ids: list[int], skip_special: bool) -> str:
         if ids and ids[-1] == self.eos:
             ids = ids[:-1]
@@ -100,7 +119,7 @@ class StandIn:
             return bad
         tools = req.get("tools") if req.get("tool_choice") != "none" else None
         prompt = self.chat_prompt(req["messages"], req.get("tools"))
-        ids, lps = self.reply(prompt, tools, sum(m.get("role") == "tool" for m in req["messages"]))
+        ids, lps = self.reply(prompt)
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
         finish = "stop"
         if len(ids) > max_tokens:
@@ -153,8 +172,7 @@ class StandIn:
         n_text = len(ids) - 1 if ids and ids[-1] == self.eos else len(ids)
         streamed = ""
         i = 0
-        while i < n_text:
-            piece = self.text(ids[: i + 1], skip_special=False)[len(streamed):]
+        for piece in self.pieces(ids[:n_text]):
             if calls and "<tool_call>" in (streamed + piece):
                 break
             streamed += piece
@@ -180,7 +198,7 @@ class StandIn:
         if isinstance(p, list) and p and isinstance(p[0], str):
             p = p[0]
         prompt = self.tok.encode(p) if isinstance(p, str) else list(p)
-        ids, lps = self.reply(prompt, None, 0)
+        ids, lps = self.reply(prompt)
         max_tokens = req.get("max_tokens") or 16
         finish = "stop"
         if len(ids) > max_tokens:
@@ -208,13 +226,12 @@ class StandIn:
     async def _completion_stream(self, model, prompt, ids, lps, finish, skip, opts, want_lp):
         base = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
                 "model": model}
-        streamed = ""
+        n_text = len(ids) - 1 if ids and ids[-1] == self.eos else len(ids)
+        texts = self.pieces(ids[:n_text], skip) + [""] * (len(ids) - n_text)
         for i, t in enumerate(ids):
-            text = self.text(ids[: i + 1], skip)
             last = i == len(ids) - 1
-            ch = {"index": 0, "text": text[len(streamed):], "finish_reason": finish if last else None,
+            ch = {"index": 0, "text": texts[i], "finish_reason": finish if last else None,
                   "logprobs": self._text_lp([t], [lps[i]]) if want_lp else None}
-            streamed = text
             if opts.ids:
                 ch["token_ids"] = [t]
                 if i == 0:

@@ -1,7 +1,101 @@
-"""Sub-commands of this part of harnessrl (registered on the main `harnessrl` app)."""
+"""Sub-commands of the trainer: `train`, `capo-partition`, `vllm`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
+from rich.console import Console
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the main app."""
+
+    @app.command("train")
+    def train(
+        samples: Path = typer.Argument(..., help="Directory written by `harnessrl compile` (samples.parquet)."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model directory (HF checkpoint)."),
+        algo: Optional[str] = typer.Option(None, "--algo", help="grpo | capo | matpo | pact"),
+        out: Optional[str] = typer.Option(None, "--out", help="Checkpoint directory (one sub-directory per version)."),
+        steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps."),
+        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per optimizer step."),
+        partition: Optional[str] = typer.Option(None, "--partition", help="CAPO partition file (capo-partition)."),
+        lr: Optional[float] = typer.Option(None, "--lr"),
+        epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Clip ε (low; high too unless set in the config)."),
+        beta: Optional[float] = typer.Option(None, "--beta", help="KL coefficient to the reference model."),
+        loss_agg: Optional[str] = typer.Option(None, "--loss-agg", help="token_mean | seq_mean | rollout_mean"),
+        lora: Optional[bool] = typer.Option(None, "--lora/--full", help="Train a LoRA adapter (PEFT)."),
+        push: Optional[str] = typer.Option(None, "--push", help="Push the checkpoint to this proxy or vLLM URL."),
+        version: Optional[str] = typer.Option(None, "--version", help="Weight version name for the checkpoint."),
+        report_to: Optional[str] = typer.Option(None, "--report-to", help="TRL/transformers loggers (none, tensorboard, wandb, ...)."),
+        config: Optional[Path] = typer.Option(None, "--config", help="YAML file with any of these options."),
+    ) -> None:
+        """Train the policy on compiled samples with TRL (METHODS §6) and optionally push the weights."""
+        from harnessrl.trainer.config import load_config
+        from harnessrl.trainer.run import train as run_train
+
+        cfg = load_config(config, dict(
+            samples=str(samples), model=model, algo=algo, out=out, steps=steps, batch_size=batch_size,
+            partition=partition, lr=lr, epsilon=epsilon, beta=beta, loss_agg=loss_agg, lora=lora, push=push,
+            version=version, report_to=report_to,
+        ))
+        if not cfg.model:
+            from harnessrl.errors import UserError
+
+            raise UserError("--model is required (or `model:` in the config file)")
+        result = run_train(cfg)
+        console = Console()
+        console.print(f"checkpoint [bold]{result.checkpoint}[/bold] (version {result.version})")
+        if result.pushed:
+            console.print(f"pushed to {cfg.push}")
+
+    @app.command("capo-partition")
+    def capo_partition(
+        samples: Path = typer.Argument(..., help="Compiled samples directory (the probe set is taken from it)."),
+        model: str = typer.Option(..., "--model", help="Model directory."),
+        out: Path = typer.Option(Path("partition.pt"), "--out", help="Partition file; .json and .png are written beside it."),
+        rho: float = typer.Option(0.25, "--rho", help="Fraction of MLP units per layer in each partition."),
+        by: str = typer.Option("activation", "--by", help="activation | contrast (a_act − a_args)"),
+        threshold: Optional[float] = typer.Option(None, "--threshold", help="Probe rollouts with outcome ≥ this (default: group best and > 0)."),
+    ) -> None:
+        """Compute CAPO's action/args MLP-unit partitions and the layer-wise importance plot."""
+        from rich.table import Table
+
+        from harnessrl.trainer.capo_partition import build_partition, write_outputs
+        from harnessrl.trainer.data import load_samples
+        from harnessrl.trainer.run import load_model
+
+        data = load_samples(samples)
+        m, tok = load_model(model)
+        part, report = build_partition(m, data.samples, tok.pad_token_id, rho=rho, by=by, threshold=threshold)
+        paths = write_outputs(part, report, out)
+        table = Table(title=f"CAPO importance ({report['probe_samples']} probe samples)")
+        for col in ("layer", "action", "args", "overlap"):
+            table.add_column(col, justify="right")
+        for i, (a, b, o) in enumerate(zip(report["importance"]["action"], report["importance"]["args"], report["overlap_per_layer"])):
+            table.add_row(str(i), f"{a:.3f}", f"{b:.3f}", f"{o:.2f}")
+        console = Console()
+        console.print(table)
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+
+    @app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def vllm(
+        ctx: typer.Context,
+        model: str = typer.Argument(..., help="Model directory or name for `vllm serve`."),
+        host: str = typer.Option("127.0.0.1", "--host"),
+        port: int = typer.Option(8001, "--port"),
+        lora: bool = typer.Option(False, "--lora", help="Serve LoRA adapters loaded at run time (else full-weight reload)."),
+        max_lora_rank: int = typer.Option(64, "--max-lora-rank"),
+        vllm_bin: Optional[str] = typer.Option(None, "--vllm-bin", help="The vllm executable of its own environment."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the command instead of running it."),
+    ) -> None:
+        """Start vLLM from its own environment with the flags harnessrl needs; extra args go to `vllm serve`."""
+        from harnessrl.trainer.vllm import find_vllm, run_vllm, serve_command
+
+        binary = vllm_bin if dry_run and vllm_bin else find_vllm(vllm_bin)
+        cmd, env = serve_command(binary, model, host, port, lora, max_lora_rank, extra=list(ctx.args))
+        if dry_run:
+            print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
+            return
+        run_vllm(cmd, env)

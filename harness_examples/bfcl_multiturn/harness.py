@@ -10,7 +10,15 @@ from dataclasses import dataclass
 
 from harnessrl.client import HarnessRL
 from harnessrl.harness_examples.bfcl_multiturn.data import Backends, BfclTask, function_docs, openai_tools, parse_call, state_check
-from harnessrl.harness_examples.chat import EpisodeStopped, RolloutResult, ToolCall, chat, make_client, tool_message
+from harnessrl.harness_examples.chat import (
+    EpisodeStopped,
+    RolloutResult,
+    ToolCall,
+    chat,
+    harnessrl_client,
+    make_client,
+    tool_message,
+)
 
 SYSTEM = "You are an assistant that completes the user's requests by calling the provided functions."
 
@@ -35,12 +43,12 @@ def _execute(backends: Backends, call: ToolCall, allowed: set[str]) -> tuple[str
 def run_rollout(hrl: HarnessRL | str, task: BfclTask, cfg: BfclConfig | None = None, *,
                 group_id: str | None = None, run: str | None = None) -> RolloutResult:
     cfg = cfg or BfclConfig()
-    hrl = HarnessRL(hrl) if isinstance(hrl, str) else hrl
     agent, truth = Backends(task), Backends(task)
     counts = {"model_calls": 0, "tool_calls": 0, "tool_errors": 0}
     turns_checked = turns_passed = 0
     error = None
-    with hrl.rollout(task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "bfcl_multiturn"}) as ro:
+    with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
+            task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "bfcl_multiturn"}) as ro:
         client = make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent")
         messages: list[dict] = [{"role": "system", "content": SYSTEM}]
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from harnessrl.client import HarnessRL
 from harnessrl.errors import UserError
-from harnessrl.harness_examples.chat import RolloutResult
+from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client
 from harnessrl.harness_examples.fictional_world import QA
 from harnessrl.harness_examples.search_task import SearchEnv, score
 from harnessrl.harness_examples.text_metrics import extract_answer
@@ -65,9 +65,8 @@ def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: LangGraphCo
     except ImportError:
         raise UserError("the langgraph example needs: pip install 'harnessrl[examples]'") from None
     cfg = cfg or LangGraphConfig()
-    hrl = HarnessRL(hrl) if isinstance(hrl, str) else hrl
-    with hrl.rollout(task_id=task.id, group_id=group_id or task.id, run=run,
-                     metadata={"harness": "langgraph_search"}) as ro:
+    with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
+            task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "langgraph_search"}) as ro:
         llm = ChatOpenAI(base_url=ro.base_url("agent"), api_key=f"hrl-{ro.id}-agent", model=cfg.model,
                          max_tokens=cfg.max_tokens, temperature=cfg.temperature, max_retries=0)
         graph = build_graph(llm, env)

@@ -16,6 +16,7 @@ from harnessrl.harness_examples.chat import (
     EpisodeStopped,
     RolloutResult,
     chat,
+    harnessrl_client,
     make_client,
     run_tool,
     tool_message,
@@ -142,9 +143,8 @@ def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: PlannerWork
                 group_id: str | None = None, run: str | None = None) -> RolloutResult:
     """One planner–worker episode on `task` through the proxy; reports the outcome reward."""
     cfg = cfg or PlannerWorkerConfig()
-    hrl = HarnessRL(hrl) if isinstance(hrl, str) else hrl
-    with hrl.rollout(task_id=task.id, group_id=group_id or task.id, run=run,
-                     metadata={"harness": "planner_worker"}) as ro:
+    with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
+            task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "planner_worker"}) as ro:
         episode = _Episode(ro, env, task, cfg)
         error = None
         try:

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 from harnessrl.client import HarnessRL
 from harnessrl.harness_examples.calculator import CALCULATOR_TOOL, calculator
-from harnessrl.harness_examples.chat import EpisodeStopped, RolloutResult, chat, make_client, run_tool, tool_message
+from harnessrl.harness_examples.chat import (
+    EpisodeStopped,
+    RolloutResult,
+    chat,
+    harnessrl_client,
+    make_client,
+    run_tool,
+    tool_message,
+)
 from harnessrl.harness_examples.fictional_world import QA
 from harnessrl.harness_examples.search_task import SEARCH_TOOL, SearchEnv, score
 from harnessrl.harness_examples.text_metrics import extract_answer
@@ -30,10 +38,10 @@ class ReactConfig:
 def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: ReactConfig | None = None, *,
                 group_id: str | None = None, run: str | None = None) -> RolloutResult:
     cfg = cfg or ReactConfig()
-    hrl = HarnessRL(hrl) if isinstance(hrl, str) else hrl
     tools = {"search": env.search, "calculator": calculator}
     counts = {"model_calls": 0, "tool_calls": 0, "tool_errors": 0}
-    with hrl.rollout(task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "react"}) as ro:
+    with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
+            task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "react"}) as ro:
         client = make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent")
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.question}]
         answer, error = "", None

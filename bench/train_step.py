@@ -1,0 +1,139 @@
+"""One optimizer step of each objective vs a plain TRL GRPOTrainer loss step on identical tensors.
+
+    python bench/train_step.py [--model DIR] [--tasks 4] [--k 4] [--repeats 10]
+
+Every trainer sees the same compiled batch (prepared once, outside the timing); a step is
+loss + backward(s) + optimizer step. The baseline is `trl.GRPOTrainer._compute_loss` (loss_type
+bnpo = token mean) on the same prompt/completion/mask/advantage tensors. Memory: peak allocated
+CUDA memory on a GPU; on CPU, the bytes autograd saves for backward (activations), the part of a
+step's memory that the objectives change. Ratios are against the baseline measured in this run."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from trainer_fixtures import tiny_samples  # noqa: E402  (the tests' sample writer: real tokenizer ids)
+
+
+@contextmanager
+def saved_bytes(counter: list[int]):
+    def pack(t):
+        counter[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def measure(trainer, batch, repeats: int) -> tuple[float, float]:
+    trainer._prepare_inputs = lambda _rows: batch  # the batch is built once, outside the timing
+    trainer.create_optimizer_and_scheduler(num_training_steps=repeats + 2)
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model
+    model.train()
+    cuda = torch.cuda.is_available()
+    times, mem = [], 0.0
+    for i in range(repeats + 2):
+        counter = [0]
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        with saved_bytes(counter):
+            trainer.training_step(model, None, None)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        if i >= 2:  # warm-up steps excluded
+            times.append(dt)
+            mem = max(mem, torch.cuda.max_memory_allocated() if cuda else counter[0])
+    return statistics.median(times), mem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="model directory (default: build the tiny test model)")
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=10)
+    a = ap.parse_args()
+
+    from datasets import Dataset as HFDataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from harnessrl.trainer.capo import CapoTrainer
+    from harnessrl.trainer.capo_partition import build_partition, write_outputs
+    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.trainer.data import load_samples
+    from harnessrl.trainer.grpo import HarnessTrainer, compiled_reward, grpo_args
+    from harnessrl.trainer.matpo import MatpoTrainer
+    from harnessrl.trainer.pact import PactTrainer
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    if a.model is None:
+        from harnessrl.tiny_model import build_tiny_model
+
+        a.model = str(build_tiny_model(tmp / "tiny"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n = a.tasks * a.k
+    samples = tiny_samples(tmp / "samples", Path(a.model), traces=True, n_tasks=a.tasks, k=a.k, rewards=[1.0, 0.0] * n)
+    data = load_samples(samples)
+    tok = AutoTokenizer.from_pretrained(a.model)
+
+    def fresh_model():
+        return AutoModelForCausalLM.from_pretrained(a.model).to(device)
+
+    part, report = build_partition(fresh_model(), data.samples, tok.pad_token_id)
+    write_outputs(part, report, tmp / "partition.pt")
+
+    def cfg(**kw):
+        return TrainConfig(samples=str(samples), model=a.model, out=str(tmp / "out"), steps=a.repeats + 2, batch_size=n,
+                           lr=1e-6, report_to="none", **kw).validate()
+
+    base_cfg = cfg()
+    grpo = HarnessTrainer(fresh_model(), base_cfg, data, tok)
+    batch = grpo.fixed_batch()
+    trl_batch = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")}
+    trl_batch["tool_mask"] = batch["loss_mask"]
+    plain = GRPOTrainer(model=fresh_model(), reward_funcs=[compiled_reward], processing_class=tok,
+                        args=grpo_args(base_cfg, n, loss_type="bnpo"), train_dataset=HFDataset.from_dict({"prompt": ["x"] * n}))
+    results = {"trl GRPOTrainer": measure(plain, trl_batch, a.repeats)}
+    results["grpo"] = measure(grpo, batch, a.repeats)
+    matpo = MatpoTrainer(fresh_model(), cfg(algo="matpo"), data, tok)
+    results["matpo"] = measure(matpo, matpo.fixed_batch(), a.repeats)
+    capo = CapoTrainer(fresh_model(), cfg(algo="capo", partition=str(tmp / "partition.pt")), data, tok)
+    results["capo"] = measure(capo, capo.fixed_batch(), a.repeats)
+    pact = PactTrainer(fresh_model(), cfg(algo="pact"), data, tok)
+    pact_batch = pact.fixed_batch()
+    results["pact"] = measure(pact, pact_batch, a.repeats)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t0, m0 = results["trl GRPOTrainer"]
+    targets = {"grpo": 1.05, "matpo": None, "capo": 1.8, "pact": 2.2}
+    table = Table(title=f"train step on {device}, {n} samples, {int(batch['completion_mask'].sum())} completion tokens "
+                        f"(pact: {int(pact_batch['gate'].eq(0).sum())} trace rows)")
+    for col in ("objective", "step ms", "time ×", "target ×", "memory", "memory ×"):
+        table.add_column(col, justify="right")
+    unit = "MiB" if device == "cuda" else "MiB saved"
+    for name, (t, m) in results.items():
+        tgt = targets.get(name)
+        table.add_row(name, f"{t * 1e3:.1f}", f"{t / t0:.2f}", "" if tgt is None else f"≤ {tgt}", f"{m / 2**20:.2f} {unit}", f"{m / m0:.2f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Expert trace structure, the rule segmenter, levels L0–L4, and `harnessrl tasks import`."""
+
+import json
+import os
+import subprocess
+import sys
+
+from sqlalchemy import select
+
+from harnessrl.compiler.traces import level_at_step, levels, segment, structure_trace
+from harnessrl.db import open_db
+from harnessrl.records import ExpertTrace, Task
+
+TRACE = [
+    {"role": "system", "content": "You are an expert."},
+    {"role": "user", "content": "Where was the author of Dune born?"},
+    {"role": "assistant", "content": "<think>\nFirst I need the author.\n\nDune is a novel.\n\n"
+     "The tool call would be search for Dune author.\n\nThen the birthplace.\n</think>\n\n"
+     '<tool_call>\n{"name": "search", "arguments": {"query": "Dune author"}}\n</tool_call>'},
+    {"role": "tool", "content": "Frank Herbert"},
+    {"role": "assistant", "content": "Herbert it is.\n\nNow his birthplace.",
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "search", "arguments": '{"query": "Frank Herbert birthplace"}'}}]},
+    {"role": "tool", "content": "Tacoma"},
+    {"role": "assistant", "content": "<answer>Tacoma</answer>"},
+]
+
+
+def test_structure_segments_and_levels():
+    t = structure_trace(TRACE)
+    assert t["final_answer"] == "Tacoma"
+    assert [turn["tool_call"] for turn in t["turns"]] == [
+        {"name": "search", "arguments": {"query": "Dune author"}},
+        {"name": "search", "arguments": {"query": "Frank Herbert birthplace"}}]
+    assert [turn["observation"] for turn in t["turns"]] == ["Frank Herbert", "Tacoma"]
+    segs = t["turns"][0]["reasoning_segments"]
+    assert [s["text"] for s in segs] == ["First I need the author.", "Dune is a novel.",
+                                         "The tool call would be search for Dune author.", "Then the birthplace."]
+    assert [s["explicit_call_preview"] for s in segs] == [False, False, True, False]
+    # 2 safe segments before the first preview: level ℓ shows ⌈ℓ·2/4⌉ = 0, 1, 1, 2, 2 of them
+    assert t["turns"][0]["levels"] == ["", "First I need the author.", "First I need the author.",
+                                       "First I need the author.\n\nDune is a novel.",
+                                       "First I need the author.\n\nDune is a novel."]
+    # the second turn's free text before the native call is its reasoning
+    assert t["turns"][1]["levels"][4] == "Herbert it is.\n\nNow his birthplace."
+
+
+def test_preview_rules():
+    call = {"name": "lookup", "arguments": {"key": "alpha", "n": 3}}
+    flags = [s["explicit_call_preview"] for s in segment(
+        'I will check.\n\n{"key": "alpha"}\n\nso lookup(alpha)\n\nuse lookup with alpha and 3\n\nuse lookup on alpha', call)]
+    assert flags == [False, True, True, True, False]  # the last one misses the value 3
+    # four safe segments: ⌈ℓ·4/4⌉ = ℓ of them
+    four = [{"text": str(i), "explicit_call_preview": False} for i in range(4)]
+    assert levels(four) == ["", "0", "0\n\n1", "0\n\n1\n\n2", "0\n\n1\n\n2\n\n3"]
+
+
+def test_level_schedule():
+    # level(s) = 4 − min(4, ⌊5s/S⌋) with S = 10: s=0,1 → 4; 2,3 → 3; 4,5 → 2; 6,7 → 1; 8.. → 0
+    assert [level_at_step(s, 10) for s in range(11)] == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0, 0]
+
+
+def run_cli(*args):
+    # wide console: rich would otherwise wrap the one-line error at 80 columns
+    env = {**os.environ, "COLUMNS": "400"}
+    return subprocess.run([sys.executable, "-c", "from harnessrl.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_tasks_import_cli(tmp_path, db_target):
+    f = tmp_path / "tasks.jsonl"
+    rows = [{"id": "t1", "input": "Where was the author of Dune born?", "reference": "Tacoma",
+             "reference_calls": [{"name": "search", "arguments": {"query": "Dune author"}}], "expert_trace": TRACE},
+            {"id": "t2", "input": [{"role": "user", "content": "2+2?"}], "answer": "4"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    for _ in range(2):  # re-importing replaces, it does not duplicate
+        res = run_cli("tasks", "import", str(f), "--db", db_target)
+        assert res.returncode == 0, res.stderr
+        assert "imported 2 tasks (1 with expert traces)" in res.stdout
+    _, make = open_db(db_target)
+    with make() as s:
+        tasks = {t.id: t for t in s.scalars(select(Task))}
+        traces = s.scalars(select(ExpertTrace)).all()
+    assert tasks["t2"].reference == "4" and tasks["t2"].input == [{"role": "user", "content": "2+2?"}]
+    assert tasks["t1"].reference_calls == rows[0]["reference_calls"]
+    assert len(traces) == 1 and traces[0].task_id == "t1" and traces[0].messages == TRACE
+
+
+def test_tasks_import_errors(tmp_path):
+    db = str(tmp_path / "runs.db")
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"id": "a", "input": "x"}\n{"id": "b"\n')
+    res = run_cli("tasks", "import", str(f), "--db", db)
+    assert res.returncode == 2 and f"{f}:2: not valid JSON" in res.stderr and "Traceback" not in res.stderr
+    f.write_text('{"id": "a", "input": "x", "reference_calls": [{"arguments": {}}]}\n')
+    res = run_cli("tasks", "import", str(f), "--db", db)
+    assert res.returncode == 2 and "reference_calls must be a list" in res.stderr
+    res = run_cli("tasks", "import", str(tmp_path / "missing.jsonl"), "--db", db)
+    assert res.returncode == 2 and "tasks file not found" in res.stderr
+    # nothing was written by the failed imports
+    _, make = open_db(db)
+    with make() as s:
+        assert s.scalars(select(Task)).all() == []

@@ -1,0 +1,65 @@
+"""One training run: samples + model → trainer for the chosen objective → checkpoint → push."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harnessrl.errors import UserError
+from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.data import Dataset, load_samples
+
+
+@dataclass
+class RunResult:
+    checkpoint: Path
+    version: str
+    pushed: bool
+    log_history: list[dict]
+
+
+def trainer_class(algo: str):
+    from harnessrl.trainer.capo import CapoTrainer
+    from harnessrl.trainer.grpo import HarnessTrainer
+    from harnessrl.trainer.matpo import MatpoTrainer
+    from harnessrl.trainer.pact import PactTrainer
+
+    return {"grpo": HarnessTrainer, "capo": CapoTrainer, "matpo": MatpoTrainer, "pact": PactTrainer}[algo]
+
+
+def load_model(path: str, bf16: bool = False):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (Path(path) / "config.json").is_file():
+        raise UserError(f"--model {path}: not a model directory (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if bf16 else torch.float32)
+    return model, tokenizer
+
+
+def build_trainer(cfg: TrainConfig, data: Dataset | None = None, callbacks=None):
+    data = data or load_samples(cfg.samples)
+    model, tokenizer = load_model(cfg.model, cfg.bf16)
+    peft_config = None
+    if cfg.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_target, task_type="CAUSAL_LM")
+    return trainer_class(cfg.algo)(model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks)
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    from harnessrl.trainer.push import new_version, push, save_checkpoint
+
+    trainer = build_trainer(cfg)
+    trainer.train()
+    version = cfg.version or new_version(cfg.algo)
+    path = save_checkpoint(trainer, cfg.out, version)
+    pushed = False
+    if cfg.push:
+        version = push(cfg.push, path, version, cfg.push_target, lora=cfg.lora, db=cfg.db)
+        pushed = True
+    return RunResult(path, version, pushed, trainer.state.log_history)

@@ -1,0 +1,44 @@
+"""`harnessrl vllm`: start `vllm serve` from its own environment with the flags the proxy and the
+weight push need. vLLM pins its own torch/transformers, so it is never imported here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from harnessrl.errors import UserError
+
+DEFAULT_BINS = ("~/.venvs/vllm/bin/vllm", "/opt/vllm/bin/vllm")
+
+
+def find_vllm(explicit: str | None = None) -> str:
+    for candidate in (explicit, os.environ.get("HARNESSRL_VLLM_BIN"), *DEFAULT_BINS, shutil.which("vllm")):
+        if candidate and Path(candidate).expanduser().is_file():
+            return str(Path(candidate).expanduser())
+    raise UserError("no vLLM found: install it in its own environment and pass --vllm-bin PATH (or set HARNESSRL_VLLM_BIN)")
+
+
+def serve_command(vllm_bin: str, model: str, host: str = "127.0.0.1", port: int = 8001, lora: bool = False,
+                  max_lora_rank: int = 64, served_name: str | None = None, extra: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment for `vllm serve`."""
+    cmd = [
+        vllm_bin, "serve", model, "--host", host, "--port", str(port),
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--logprobs-mode", "processed_logprobs",  # log-probs after temperature/top-p: what was sampled from
+        "--enable-prefix-caching",
+    ]
+    if served_name:
+        cmd += ["--served-model-name", served_name]
+    env = {}
+    if lora:
+        cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter
+    else:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc (reload_weights) and /reset_prefix_cache
+    return cmd + list(extra or []), env
+
+
+def run_vllm(cmd: list[str], env: dict[str, str]) -> None:
+    """Replace this process with vLLM (signals and exit status go straight to it)."""
+    os.execvpe(cmd[0], cmd, {**os.environ, **env})
