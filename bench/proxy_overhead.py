@@ -98,6 +98,12 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _count_calls(db: str) -> int:
     from sqlalchemy import func, select
 
@@ -130,7 +136,7 @@ def main() -> None:
     proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.cli import main; main()", "proxy",
                               "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)],
                              env=env, stderr=subprocess.DEVNULL)
-    console = Console()
+    console = Console(width=160)
     try:
         _wait_http(up_port, upstream, "stand-in")
         _wait_http(px_port, proxy, "proxy")
@@ -139,15 +145,16 @@ def main() -> None:
         run_load(through, 4, 1.0, False)
         table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB {'SQLite' if '://' not in db else db.split(':')[0]})")
         for col in ("mode", "clients", "direct p50/p99 ms", "proxy p50/p99 ms", "added p50/p99 ms",
-                    "direct calls/s", "proxy recorded calls/s", "ratio"):
+                    "direct calls/s", "proxy recorded calls/s", "ratio", "upstream CPU µs/call", "proxy CPU µs/call"):
             table.add_column(col, justify="right")
         for stream in (False, True):
             for clients in (args.clients, 1):
                 before = _count_calls(db)
                 d_lat, d_err = run_load(direct, clients, args.duration, stream)
-                t0 = time.perf_counter()
+                t0, cpu_up, cpu_px = time.perf_counter(), _cpu_s(upstream.pid), _cpu_s(proxy.pid)
                 p_lat, p_err = run_load(through, clients, args.duration, stream)
                 elapsed = time.perf_counter() - t0
+                cpu_up, cpu_px = _cpu_s(upstream.pid) - cpu_up, _cpu_s(proxy.pid) - cpu_px
                 recorded = _count_calls(db) - before
                 d_rate, p_rate = len(d_lat) / args.duration, recorded / elapsed
                 mode = "stream" if stream else "non-stream"
@@ -155,11 +162,13 @@ def main() -> None:
                     mode, str(clients), f"{_pct(d_lat, .5):.2f} / {_pct(d_lat, .99):.2f}",
                     f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}",
                     f"{_pct(p_lat, .5) - _pct(d_lat, .5):.2f} / {_pct(p_lat, .99) - _pct(d_lat, .99):.2f}",
-                    f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}")
+                    f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}",
+                    f"{cpu_up / max(len(p_lat), 1) * 1e6:,.0f}", f"{cpu_px / max(len(p_lat), 1) * 1e6:,.0f}")
                 if d_err or p_err or recorded != len(p_lat):
                     console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err}, "
                                   f"200s={len(p_lat)} recorded={recorded}[/yellow]")
         console.print(table)
+        console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")
     finally:
         for p in (proxy, upstream):
             p.send_signal(signal.SIGINT)

@@ -34,31 +34,32 @@ def saved_bytes(counter: list[int]):
         yield
 
 
-def measure(trainer, batch, repeats: int) -> tuple[float, float]:
-    trainer._prepare_inputs = lambda _rows: batch  # the batch is built once, outside the timing
-    trainer.create_optimizer_and_scheduler(num_training_steps=repeats + 2)
-    trainer.current_gradient_accumulation_steps = 1
-    model = trainer.model
-    model.train()
-    cuda = torch.cuda.is_available()
-    times, mem = [], 0.0
-    for i in range(repeats + 2):
+class Runner:
+    """One trainer stepping on its fixed batch."""
+
+    def __init__(self, trainer, batch, steps: int):
+        self.trainer, self.times, self.mem = trainer, [], 0.0
+        trainer._prepare_inputs = lambda _rows: batch  # the batch is built once, outside the timing
+        trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+        trainer.current_gradient_accumulation_steps = 1
+        trainer.model.train()
+
+    def step(self, record: bool) -> None:
+        cuda = torch.cuda.is_available()
         counter = [0]
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         with saved_bytes(counter):
-            trainer.training_step(model, None, None)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
+            self.trainer.training_step(self.trainer.model, None, None)
+        self.trainer.optimizer.step()
+        self.trainer.optimizer.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        if i >= 2:  # warm-up steps excluded
-            times.append(dt)
-            mem = max(mem, torch.cuda.max_memory_allocated() if cuda else counter[0])
-    return statistics.median(times), mem
+        if record:
+            self.times.append(time.perf_counter() - t0)
+            self.mem = max(self.mem, torch.cuda.max_memory_allocated() if cuda else counter[0])
 
 
 def main() -> None:
@@ -67,7 +68,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--q", type=float, default=0.4, help="PACT anchoring probability")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
 
     from datasets import Dataset as HFDataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -85,7 +89,7 @@ def main() -> None:
     if a.model is None:
         from harnessrl.tiny_model import build_tiny_model
 
-        a.model = str(build_tiny_model(tmp / "tiny"))
+        a.model = str(build_tiny_model(tmp / "tiny"))  # minutes on a slow CPU: pass --model to reuse one
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n = a.tasks * a.k
     samples = tiny_samples(tmp / "samples", Path(a.model), traces=True, n_tasks=a.tasks, k=a.k, rewards=[1.0, 0.0] * n)
@@ -109,15 +113,21 @@ def main() -> None:
     trl_batch["tool_mask"] = batch["loss_mask"]
     plain = GRPOTrainer(model=fresh_model(), reward_funcs=[compiled_reward], processing_class=tok,
                         args=grpo_args(base_cfg, n, loss_type="bnpo"), train_dataset=HFDataset.from_dict({"prompt": ["x"] * n}))
-    results = {"trl GRPOTrainer": measure(plain, trl_batch, a.repeats)}
-    results["grpo"] = measure(grpo, batch, a.repeats)
     matpo = MatpoTrainer(fresh_model(), cfg(algo="matpo"), data, tok)
-    results["matpo"] = measure(matpo, matpo.fixed_batch(), a.repeats)
     capo = CapoTrainer(fresh_model(), cfg(algo="capo", partition=str(tmp / "partition.pt")), data, tok)
-    results["capo"] = measure(capo, capo.fixed_batch(), a.repeats)
-    pact = PactTrainer(fresh_model(), cfg(algo="pact"), data, tok)
+    pact = PactTrainer(fresh_model(), cfg(algo="pact", pact_q=a.q), data, tok)
     pact_batch = pact.fixed_batch()
-    results["pact"] = measure(pact, pact_batch, a.repeats)
+    steps = a.repeats + 2
+    runners = {
+        "trl GRPOTrainer": Runner(plain, trl_batch, steps), "grpo": Runner(grpo, batch, steps),
+        "matpo": Runner(matpo, matpo.fixed_batch(), steps), "capo": Runner(capo, capo.fixed_batch(), steps),
+        "pact": Runner(pact, pact_batch, steps),
+    }
+    # Round-robin, so that load from other processes falls on every objective alike; 2 warm-up rounds.
+    for r in range(steps):
+        for runner in runners.values():
+            runner.step(record=r >= 2)
+    results = {name: (statistics.median(x.times), x.mem) for name, x in runners.items()}
 
     from rich.console import Console
     from rich.table import Table
@@ -125,7 +135,7 @@ def main() -> None:
     t0, m0 = results["trl GRPOTrainer"]
     targets = {"grpo": 1.05, "matpo": None, "capo": 1.8, "pact": 2.2}
     table = Table(title=f"train step on {device}, {n} samples, {int(batch['completion_mask'].sum())} completion tokens "
-                        f"(pact: {int(pact_batch['gate'].eq(0).sum())} trace rows)")
+                        f"(pact: {int(pact_batch['gate'].eq(0).sum())} of {n} rows on the trace)")
     for col in ("objective", "step ms", "time ×", "target ×", "memory", "memory ×"):
         table.add_column(col, justify="right")
     unit = "MiB" if device == "cuda" else "MiB saved"

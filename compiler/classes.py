@@ -73,6 +73,13 @@ class TokenText:
         self.lens = np.array([len(b) for b in table], dtype=np.int64)
         self.special = np.zeros(n, dtype=bool)
         self.special[list(added)] = True
+        # the vocabulary as one byte buffer (+ a NUL "separator token" with id n): a batch of
+        # completions decodes with one gather
+        self.sep = n
+        self.buffer = np.frombuffer(b"".join(table) + b"\x00", dtype=np.uint8)
+        self.starts = np.concatenate([[0], np.cumsum(self.lens)]).astype(np.int64)
+        self.lens_sep = np.concatenate([self.lens, [1]])
+        self.special_sep = np.concatenate([self.special, [False]])
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TokenText:
@@ -88,12 +95,14 @@ class TokenText:
         return cls(AutoTokenizer.from_pretrained(path))
 
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
-        """Bytes of `ids` and the start offset of each token (plus the end, len(ids)+1 items)."""
-        table = self.table
-        text = b"".join([table[i] for i in ids.tolist()])
+        """Bytes of `ids` (the separator id gives a NUL byte) and the start offset of each token
+        (plus the end: len(ids)+1 items)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        lens = self.lens_sep[ids]
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(self.lens[ids], out=offsets[1:])
-        return text, offsets
+        np.cumsum(lens, out=offsets[1:])
+        gather = np.repeat(self.starts[ids] - offsets[:-1], lens) + np.arange(offsets[-1])
+        return self.buffer[gather].tobytes(), offsets
 
 
 # ---- parsed response -------------------------------------------------------------------------
@@ -201,7 +210,7 @@ def parse_response(text: str, native_calls: list[dict[str, Any]] | None = None) 
 _LEX = re.compile(rb'"(?:[^"\\]|\\.)*"?|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|[{}\[\]:,]|\s+|[^"{}\[\]:,\s]+')
 
 
-def _label_json(text: bytes, start: int, end: int, labels: np.ndarray, cfg: ClassConfig,
+def _label_json(text: bytes, start: int, end: int, spans: list, cfg: ClassConfig,
                 top_roles: bool) -> None:
     """Label a (possibly malformed) JSON text lexically. `top_roles`: the top object is a call
     `{"name": …, "arguments": …}`; otherwise it is the arguments object itself."""
@@ -219,21 +228,21 @@ def _label_json(text: bytes, start: int, end: int, labels: np.ndarray, cfg: Clas
             if frames and frames[-1][0]:
                 frames[-1][1] = False
             frames.append([c == b"{", c == b"{", role, b""])
-            labels[a:b] = FORMAT
+            spans.append((a, b, FORMAT))
         elif c in b"}]":
             if frames:
                 frames.pop()
-            labels[a:b] = FORMAT
+            spans.append((a, b, FORMAT))
         elif c == b",":
             if frames and frames[-1][0]:
                 frames[-1][1] = True
-            labels[a:b] = FORMAT
+            spans.append((a, b, FORMAT))
         elif c == b":":
-            labels[a:b] = FORMAT
+            spans.append((a, b, FORMAT))
         else:
             is_key = bool(frames) and frames[-1][0] and frames[-1][1]
             if is_key:
-                labels[a:b] = FORMAT
+                spans.append((a, b, FORMAT))
                 frames[-1][3] = tok.strip(b'"')
                 frames[-1][1] = False
                 continue
@@ -241,11 +250,11 @@ def _label_json(text: bytes, start: int, end: int, labels: np.ndarray, cfg: Clas
             if top_roles and len(frames) == 1 and frames[0][3] == b"name":
                 tool_name = tok.strip(b'"')
             if c == b'"':
-                labels[a:b] = FORMAT
+                spans.append((a, b, FORMAT))
                 closed = len(tok) >= 2 and tok.endswith(b'"')
-                labels[a + 1:b - 1 if closed else b] = role
+                spans.append((a + 1, b - 1 if closed else b, role))
             else:
-                labels[a:b] = role
+                spans.append((a, b, role))
 
 
 def _value_role(frames: list[list[Any]], top_roles: bool, tool_name: bytes, cfg: ClassConfig) -> int:
@@ -265,21 +274,21 @@ _HERMES_CALL = re.compile(rb'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:argument
 _ARG_VALUES = re.compile(rb'"((?:[^"\\]|\\.)*)"(\s*:)?|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null')
 
 
-def _label_hermes(text: bytes, start: int, end: int, labels: np.ndarray, cfg: ClassConfig) -> None:
+def _label_hermes(text: bytes, start: int, end: int, spans: list, cfg: ClassConfig) -> None:
     """`{"name": …, "arguments": {…}}`: one match and a scan of the values (the common, fast
     case); anything else (other key order, malformed JSON, a dispatch) goes through the lexer."""
     m = _HERMES_CALL.fullmatch(text, start, end)
     if m is None or m.group(1).decode(errors="replace") in cfg.dispatch_tools:
-        _label_json(text, start, end, labels, cfg, top_roles=True)
+        _label_json(text, start, end, spans, cfg, top_roles=True)
         return
-    labels[m.start(1):m.end(1)] = ACTION
+    spans.append((m.start(1), m.end(1), ACTION))
     for v in _ARG_VALUES.finditer(text, m.start(2), m.end(2)):
         if v.group(2) is not None:
             continue  # a key
         if v.group(1) is not None:
-            labels[v.start(1):v.end(1)] = ARGS
+            spans.append((v.start(1), v.end(1), ARGS))
         else:
-            labels[v.start():v.end()] = ARGS
+            spans.append((v.start(), v.end(), ARGS))
 
 
 def label_bytes(text: bytes, special_spans: list[tuple[int, int]] = (),
@@ -290,57 +299,76 @@ def label_bytes(text: bytes, special_spans: list[tuple[int, int]] = (),
     return _label(text, [0], list(special_spans), [native_calls], cfg or ClassConfig())
 
 
+def _paint(labels: np.ndarray, spans: list[tuple[int, int, int]]) -> None:
+    """Paint (start, end, class) spans; where spans overlap the later one wins."""
+    if not spans:
+        return
+    arr = np.asarray(spans, dtype=np.int64)
+    starts, lens, values = arr[:, 0], np.maximum(arr[:, 1] - arr[:, 0], 0), arr[:, 2]
+    offsets = np.cumsum(lens) - lens
+    idx = np.repeat(starts - offsets, lens) + np.arange(int(lens.sum()))
+    last = np.full(len(labels), -1, dtype=np.int64)
+    np.maximum.at(last, idx, np.repeat(np.arange(len(spans)), lens))
+    hit = last >= 0
+    labels[hit] = values[last[hit]]
+
+
 def _label(text: bytes, call_starts: list[int], special_spans: list[tuple[int, int]],
            natives: list[list[dict[str, Any]] | None], cfg: ClassConfig) -> np.ndarray:
     """Labels for completions joined by NUL bytes starting at `call_starts`: one regex pass per
-    format over the whole batch."""
+    format over the whole batch; spans are collected in this order (later wins) and painted
+    at once."""
     labels = np.zeros(len(text), dtype=np.int8)
-    for a, b in special_spans:
-        labels[a:b] = FORMAT
+    labels[np.asarray(call_starts[1:], dtype=np.int64) - 1] = FORMAT  # the separators
+    spans: list[tuple[int, int, int]] = [(a, b, FORMAT) for a, b in special_spans]
+    add = spans.append
     if b"think>" in text:
         for close in _THINK_CLOSE.finditer(text):
             start = call_starts[bisect.bisect_right(call_starts, close.start()) - 1]
             if text.find(b"<think>", start, close.start()) < 0:  # the template opened <think>
-                labels[start:close.start()] = REASONING
-                labels[close.start():close.end()] = FORMAT
+                add((start, close.start(), REASONING))
+                add((close.start(), close.end(), FORMAT))
         for m in _THINK.finditer(text):
-            labels[m.start(1):m.end(1)] = FORMAT
-            labels[m.start(2):m.end(2)] = REASONING
-            labels[m.start(3):m.end(3)] = FORMAT
+            add((m.start(1), m.end(1), FORMAT))
+            add((m.start(2), m.end(2), REASONING))
+            add((m.start(3), m.end(3), FORMAT))
     if b"<tool_call>" in text:
         for m in _TOOL_CALL.finditer(text):
-            labels[m.start():m.end()] = FORMAT
-            _label_hermes(text, m.start(1), m.end(1), labels, cfg)
+            add((m.start(), m.end(), FORMAT))
+            _label_hermes(text, m.start(1), m.end(1), spans, cfg)
     if b"<use_mcp_tool>" in text:
         for m in _MCP.finditer(text):
-            labels[m.start():m.end()] = FORMAT
+            add((m.start(), m.end(), FORMAT))
             for f in _MCP_FIELD.finditer(text, m.start(1), m.end(1)):
                 if f.group(1) == b"arguments":
-                    _label_json(text, f.start(2), f.end(2), labels, cfg, top_roles=False)
+                    _label_json(text, f.start(2), f.end(2), spans, cfg, top_roles=False)
                 else:  # server (sub-agent) and tool names are the decision
-                    labels[f.start(2):f.end(2)] = ACTION
+                    add((f.start(2), f.end(2), ACTION))
     if b"<answer>" in text:
         for m in _ANSWER.finditer(text):
-            labels[m.start(1):m.end(1)] = ACTION
-            labels[m.start(2):m.end(2)] = ARGS
-            labels[m.start(3):m.end(3)] = FORMAT
+            add((m.start(1), m.end(1), ACTION))
+            add((m.start(2), m.end(2), ARGS))
+            add((m.start(3), m.end(3), FORMAT))
     if b"\\boxed{" in text:
         for m in _BOXED.finditer(text):
             span = _boxed_span(text, m.start())
-            labels[m.start():m.end() - 1] = ACTION
-            labels[m.end() - 1] = FORMAT
+            add((m.start(), m.end() - 1, ACTION))
+            add((m.end() - 1, m.end(), FORMAT))
             if span:
-                labels[span[0]:span[1]] = ARGS
-                labels[span[1]] = FORMAT
+                add((span[0], span[1], ARGS))
+                add((span[1], span[1] + 1, FORMAT))
             else:
                 stop = text.find(b"\x00", m.end())
-                labels[m.end():stop if stop >= 0 else len(text)] = ARGS
+                add((m.end(), stop if stop >= 0 else len(text), ARGS))
+    _paint(labels, spans)
+    native_spans: list[tuple[int, int, int]] = []
     for k, native in enumerate(natives):
         if native:
             a = call_starts[k]
             b = call_starts[k + 1] - 1 if k + 1 < len(call_starts) else len(text)
             if not (labels[a:b] == ACTION).any():
-                _label_native(text, a, b, labels, native)
+                _label_native(text, a, b, native_spans, native)
+    _paint(labels, native_spans)
     _label_free_text(text, labels)
     return labels
 
@@ -362,7 +390,7 @@ def _label_free_text(text: bytes, labels: np.ndarray) -> None:
             labels[a + lead:a + body] = REASONING
 
 
-def _label_native(text: bytes, start: int, end: int, labels: np.ndarray, native_calls: list[dict[str, Any]]) -> None:
+def _label_native(text: bytes, start: int, end: int, spans: list, native_calls: list[dict[str, Any]]) -> None:
     """Tool calls in a format we do not parse: find the name and the argument values in the
     raw text, in order."""
     pos = start
@@ -371,13 +399,13 @@ def _label_native(text: bytes, start: int, end: int, labels: np.ndarray, native_
         if call.name:
             i = text.find(call.name.encode(), pos, end)
             if i >= 0:
-                labels[i:i + len(call.name.encode())] = ACTION
+                spans.append((i, i + len(call.name.encode()), ACTION))
                 pos = i + len(call.name.encode())
         for v in (call.arguments or {}).values():
             needle = (v if isinstance(v, str) else json.dumps(v)).encode()
             i = text.find(needle, pos, end) if needle else -1
             if i >= 0:
-                labels[i:i + len(needle)] = ARGS
+                spans.append((i, i + len(needle), ARGS))
                 pos = i + len(needle)
 
 
@@ -390,45 +418,48 @@ def token_classes(ids: np.ndarray, tt: TokenText, native_calls: list[dict[str, A
 def batch_token_classes(completions: list[np.ndarray], tt: TokenText,
                         natives: list[list[dict[str, Any]] | None] | None = None,
                         cfg: ClassConfig | None = None) -> list[np.ndarray]:
-    """Token classes of many completions at once: their bytes are joined with NUL separators
-    and labelled in one pass, so the per-call cost is a few regex matches, not numpy calls."""
+    """Token classes of many completions at once: joined with a NUL separator token, decoded
+    with one gather and labelled in one pass, so the per-call cost is a few regex matches."""
     cfg = cfg or ClassConfig()
     natives = natives or [None] * len(completions)
-    table = tt.table
-    texts = [b"".join([table[i] for i in c.tolist()]) for c in completions]
-    if any(b"\x00" in t for t in texts):  # a NUL inside a completion: label those one by one
-        return [_one_by_one(c, tt, n, cfg) if b"\x00" in t else batch_token_classes([c], tt, [n], cfg)[0]
-                for c, t, n in zip(completions, texts, natives)]
-    big = b"\x00".join(texts)
+    if not completions:
+        return []
     counts = np.array([len(c) for c in completions], dtype=np.int64)
-    ids = np.concatenate(completions).astype(np.int64) if len(completions) else np.zeros(0, dtype=np.int64)
-    lens = tt.lens[ids]
-    call_of_token = np.repeat(np.arange(len(completions)), counts)
-    # byte start of each token: bytes before it plus one separator per earlier completion
-    starts = np.cumsum(lens) - lens + call_of_token
-    text_lens = np.array([len(t) for t in texts], dtype=np.int64)
-    call_starts = (np.cumsum(text_lens + 1) - (text_lens + 1)).tolist()
-    specials = np.flatnonzero(tt.special[ids])
-    special_spans = list(zip(starts[specials].tolist(), (starts[specials] + lens[specials]).tolist()))
-    labels = _label(big, call_starts, special_spans, natives, cfg)
-    out = np.full(len(ids), FORMAT, dtype=np.int8)
-    nonempty = lens > 0
-    if len(big) and nonempty.any():
-        # a token's span runs to the next non-empty token's start; the bytes in between are its
-        # own or a separator (format: never raises the maximum)
+    pieces = []
+    for c in completions:
+        pieces.append(np.asarray(c, dtype=np.int64))
+        pieces.append(np.array([tt.sep], dtype=np.int64))
+    ids = np.concatenate(pieces[:-1])
+    text, offsets = tt.decode(ids)
+    positions = np.cumsum(counts + 1) - 1  # the separators' token positions
+    if text.count(b"\x00") != len(completions) - 1:  # a NUL inside a completion: label one by one
+        return [batch_token_classes([c], tt, [n], cfg)[0] if b"\x00" not in tt.decode(c)[0]
+                else _one_by_one(c, tt, n, cfg) for c, n in zip(completions, natives)]
+    call_starts = [0] + (offsets[positions[:-1]] + 1).tolist()
+    specials = np.flatnonzero(tt.special_sep[ids])
+    special_spans = list(zip(offsets[specials].tolist(), offsets[specials + 1].tolist()))
+    labels = _label(text, call_starts, special_spans, natives, cfg)
+    out = _reduce(labels, offsets)
+    keep = np.ones(len(ids), dtype=bool)
+    keep[positions[:-1]] = False
+    return np.split(out[keep], np.cumsum(counts)[:-1].tolist())
+
+
+def _reduce(labels: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per token, the first of action > args > reasoning > format among its bytes."""
+    out = np.full(len(offsets) - 1, FORMAT, dtype=np.int8)
+    starts = offsets[:-1]
+    nonempty = offsets[1:] > starts
+    if nonempty.any():
+        # a token's span runs to the next non-empty token's start: exactly its own bytes
         out[nonempty] = _FROM_RANK[np.maximum.reduceat(_RANK[labels], starts[nonempty])]
-    return np.split(out, np.cumsum(counts)[:-1].tolist())
+    return out
 
 
 def _one_by_one(ids: np.ndarray, tt: TokenText, native: list[dict[str, Any]] | None, cfg: ClassConfig) -> np.ndarray:
     """A completion whose text holds NUL bytes: regexes may stop at them, but no other
     completion is affected."""
     text, offsets = tt.decode(ids)
-    specials = np.flatnonzero(tt.special[ids]).tolist()
+    specials = np.flatnonzero(tt.special[np.asarray(ids, dtype=np.int64)]).tolist()
     labels = _label(text, [0], [(offsets[i], offsets[i + 1]) for i in specials], [native], cfg)
-    out = np.full(len(ids), FORMAT, dtype=np.int8)
-    starts, ends = offsets[:-1], offsets[1:]
-    nonempty = ends > starts
-    if nonempty.any():
-        out[nonempty] = _FROM_RANK[np.maximum.reduceat(_RANK[labels], starts[nonempty])]
-    return out
+    return _reduce(labels, offsets)

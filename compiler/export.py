@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import select
@@ -238,7 +239,7 @@ class Compiler:
         stats = {"totals": dict(t), "rollouts": self.per_rollout,
                  "options": {"reward": o.reward, "process": list(o.process), "advantage": o.advantage,
                              "train_agents": o.train_agents, "matcher": o.matcher}}
-        (o.out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True))
+        (o.out / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         return stats
 
     def _read_batch(self, batch: list[tuple[str, str | None, str]]) -> list[RolloutWork]:

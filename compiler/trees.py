@@ -36,10 +36,10 @@ class CallTokens:
     parent_call_id: str | None = None
     weight_version: str | None = None
     retokenized: bool = False
+    s_len: int = field(init=False)  # |S| = |prompt| + |completion|
 
-    @property
-    def s_len(self) -> int:
-        return len(self.prompt) + len(self.completion)
+    def __post_init__(self) -> None:
+        self.s_len = len(self.prompt) + len(self.completion)
 
 
 @dataclass
@@ -57,6 +57,7 @@ class SessionTree:
     nodes: list[Node] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     by_length: list[int] = field(default_factory=list)  # node indices, longest S first
+    neg_lengths: list[int] = field(default_factory=list)  # −|S| of by_length, for bisect
 
     def s_tokens(self, i: int) -> np.ndarray:
         c = self.nodes[i].call
@@ -73,16 +74,17 @@ def _s_is_prefix(c: CallTokens, prompt: np.ndarray) -> bool:
     lp, ls = len(c.prompt), c.s_len
     return (
         ls <= len(prompt)
-        and np.array_equal(prompt[lp:ls], c.completion)  # the short part first: a cheap reject
-        and np.array_equal(prompt[:lp], c.prompt)
+        and prompt[lp:ls].tobytes() == c.completion.tobytes()  # the short part first: a cheap reject
+        and prompt[:lp].tobytes() == c.prompt.tobytes()
     )
 
 
 def _deepest_prefix(tree: SessionTree, prompt: np.ndarray) -> int:
     """The node with the longest S that is a prefix of `prompt`, or -1. Nodes are tried
     longest first, so a linear session costs one comparison per call."""
-    for i in tree.by_length:
-        if tree.nodes[i].call.s_len <= len(prompt) and _s_is_prefix(tree.nodes[i].call, prompt):
+    start = bisect.bisect_left(tree.neg_lengths, -len(prompt))  # skip S longer than the prompt
+    for i in tree.by_length[start:]:
+        if _s_is_prefix(tree.nodes[i].call, prompt):
             return i
     return -1
 
@@ -114,8 +116,9 @@ def build_tree(key: str, calls: list[CallTokens]) -> SessionTree:
             index = 0 if cause in ("start", "branch") else 1 + max(n.decision_index for n in tree.nodes)
             tree.nodes.append(Node(call, -1, cause, index))
             tree.roots.append(idx)
-        lengths = [-tree.nodes[i].call.s_len for i in tree.by_length]
-        tree.by_length.insert(bisect.bisect_right(lengths, -call.s_len), idx)
+        at = bisect.bisect_right(tree.neg_lengths, -call.s_len)
+        tree.by_length.insert(at, idx)
+        tree.neg_lengths.insert(at, -call.s_len)
     return tree
 
 

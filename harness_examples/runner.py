@@ -57,10 +57,10 @@ def main(app: typer.Typer) -> None:
     try:
         app()
     except UserError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(2)
     except (openai.APIConnectionError, httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        Console(stderr=True).print(f"[red]error:[/red] cannot reach the proxy ({exc})", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] cannot reach the proxy ({exc})", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

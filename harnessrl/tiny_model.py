@@ -46,14 +46,16 @@ _SUBJECTS = (
     "tennis soccer hockey bitcoin gold silver copper iron carbon oxygen helium einstein newton "
     "darwin tesla curie turing"
 ).split()
-# The tool and parameter names the model is taught: a tool call copies the name of the first
-# given tool and of its first required parameter, which the tiny model only learns reliably
-# for names it has seen (one token each). Harnesses that want tool calls use these names.
+# The tool and parameter names the model is taught. A tool call names the first given tool and
+# its first required parameter, but a model this small trained for seconds does not learn to
+# copy names from its prompt: it picks a name from these, most often DEFAULT_TOOL. Harnesses that
+# want a greedy tool call of a tool they gave should give DEFAULT_TOOL (parameter "query").
 TOOL_NAMES = (
     "lookup search web_search calculator add multiply get_weather get_time get_price get_stock_price "
     "read_file write_file list_files send_message send_email translate fetch_news book_flight "
     "open_page run_code create_ticket find_user check_order dispatch"
 ).split()
+DEFAULT_TOOL = "lookup"
 PARAM_NAMES = "query city expression path text symbol topic url id name date location".split()
 _GENERATION_PROMPT = "<|im_start|>assistant\n"
 _LEADS = [
@@ -68,6 +70,8 @@ def chat_template() -> str:
 
 def _tool(rng: random.Random, name: str) -> dict:
     params = rng.sample(PARAM_NAMES, rng.choice([1, 1, 2]))
+    if name == DEFAULT_TOOL:
+        params = ["query"] + [p for p in params if p != "query"][:1]
     props = {p: {"type": "string", "description": f"The {p}."} for p in params}
     if len(params) == 2 and rng.random() < 0.5:
         props[params[1]] = {"type": "integer"}
@@ -112,12 +116,15 @@ def _chats(seed: int, n: int) -> list[tuple[list[dict], list[dict] | None]]:
     for _ in range(n):
         messages = [{"role": "system", "content": "You are a helpful agent."}] if rng.random() < 0.2 else []
         if rng.random() < 0.8:
-            tools = [_tool(rng, name) for name in rng.sample(TOOL_NAMES, rng.randint(1, 3))]
-            for _ in range(rng.randint(1, 2)):
+            names = rng.sample(TOOL_NAMES, rng.randint(1, 2))
+            if rng.random() < 0.5:
+                names = [DEFAULT_TOOL] + [n for n in names if n != DEFAULT_TOOL][:1]
+            tools = [_tool(rng, name) for name in names]
+            for _ in range(rng.choice([1, 1, 2])):
                 messages += _tool_round(rng, tools)
             out.append((messages, tools))
         else:
-            for _ in range(rng.randint(1, 2)):
+            for _ in range(rng.choice([1, 1, 2])):
                 subject = rng.choice(_SUBJECTS)
                 answer = rng.choice(["I think it is {s}.", "{S} is the answer.", "It is about {s}."])
                 messages += [{"role": "user", "content": _question(rng, subject)},
@@ -126,12 +133,13 @@ def _chats(seed: int, n: int) -> list[tuple[list[dict], list[dict] | None]]:
     return out
 
 
-def _render(messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = False) -> str:
+def _chat_texts(seed: int, n: int) -> list[str]:
+    """The chats rendered with the chat template, as the model will see them."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=chat_template(),
-                                        add_generation_prompt=add_generation_prompt)
-    return rendered[0]
+    template = chat_template()
+    return [render_jinja_template(conversations=[messages], tools=tools, chat_template=template)[0][0]
+            for messages, tools in _chats(seed, n)]
 
 
 def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
@@ -153,8 +161,7 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = [_render(messages, tools) for messages, tools in _chats(seed + 1, 1000)]
-    tok.train_from_iterator(corpus, trainer=trainer)
+    tok.train_from_iterator(_chat_texts(seed + 1, 600), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -171,8 +178,7 @@ def _training_batches(tokenizer, seed: int, n: int, batch_size: int):
     import torch
 
     rows = []
-    for messages, tools in _chats(seed, n):
-        full = _render(messages, tools)
+    for full in _chat_texts(seed, n):
         # Each assistant turn follows its generation prompt and ends with EOS (this template
         # renders every prompt as a prefix of the whole chat).
         spans = [(m.end(), full.index("<|im_end|>", m.end()) + len("<|im_end|>"))
@@ -222,8 +228,8 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
     model.eval()
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 128, layers: int = 2,
-                     steps: int = 120) -> Path:
+def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2,
+                     steps: int = 80) -> Path:
     """Write tokenizer + tiny trained Qwen2 model to `out_dir`; returns the path."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM

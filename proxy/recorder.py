@@ -86,9 +86,9 @@ class Recorder:
         self._unassigned_ok = False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._conn = engine.raw_connection()  # opened here so a bad DB fails at start, not per call
+        self.committed = 0
         self._thread = threading.Thread(target=self._run, name="harnessrl-recorder", daemon=True)
         self._thread.start()
-        self.committed = 0
 
     async def commit(self, rec: CallRecord) -> None:
         loop = asyncio.get_running_loop()

@@ -309,3 +309,23 @@ def test_cli_compile_inspect_and_errors(tmp_path, tiny_model_dir, tok, monkeypat
         assert code == 2, (args, err)
         assert message in err and "Traceback" not in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_filters_and_reported_process_rewards(fixture_db, tmp_path, tiny_model_dir):
+    db, _ = fixture_db
+    _, only = compile_(db, tmp_path, tiny_model_dir, rollouts=("r1",))
+    assert sorted(only) == ["r1/agent:planner/p1"]
+    stats, none = compile_(db, tmp_path, tiny_model_dir, since=str(time.time() + 3600))
+    assert (stats["totals"]["rollouts"], len(none)) == (0, 0)
+    stats, _ = compile_(db, tmp_path, tiny_model_dir, run="no-such-run")
+    assert stats["totals"]["rollouts"] == 0
+    # a process reward the harness reported for q1 (planner, turn 1) and nothing else: the
+    # (planner, 1) bucket holds only it → Ã = 0.25/(1 + 1e-6); A(q1) = −1/√2 + 0.1·Ã
+    _, make = open_db(db)
+    with make.begin() as s:
+        s.add(Reward(rollout_id="r2", call_id="q1", kind="process", name="judge", value=0.25, created_at=time.time()))
+    _, samples = compile_(db, tmp_path, tiny_model_dir, advantage="harness")
+    s = samples["r2/agent:planner/q1"]
+    assert json.loads(s["reward_breakdown"])["process"] == {"q1": {"judge": 0.25}}
+    q1_adv = {round(a, 6) for a, m, t in zip(s["advantage"], s["loss_mask"], s["turn_index"]) if m and t == 1}
+    assert q1_adv == {round(-R2 + 0.1 * 0.25 / (1 + 1e-6), 6)}

@@ -143,3 +143,21 @@ def test_mode_off_renders_and_records_drift(backend, tiny_model_dir, db_target):
         drifts.append(cur.drift)
     # the template re-renders the sampled turns differently (e.g. whitespace around tool calls)
     assert any(drifts)
+
+
+def test_weight_push_reloads_and_later_calls_record_the_version(backend, tiny_model_dir, tmp_path):
+    from harnessrl.client import HarnessRL
+    from harnessrl.records import WeightVersion
+
+    db = str(tmp_path / "w.db")
+    with _proxy(db, backend, tiny_model_dir) as proxy:
+        client = _client(proxy.url)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert HarnessRL(proxy.url).push_weights(str(tiny_model_dir), version="step-1") == "step-1"
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    before, after = _calls(db)
+    assert before.weight_version != "step-1" and after.weight_version == "step-1"
+    engine, Session = open_db(db)
+    with Session() as s:
+        assert [(w.version, w.path) for w in s.scalars(select(WeightVersion))] == [("step-1", str(tiny_model_dir))]
+    engine.dispose()

@@ -3,9 +3,15 @@
     g = (M_act + γ(1−M_act))⊙∇L_act + (M_args + γ(1−M_args))⊙∇L_args + ∇L_other
 
 L_act / L_args / L_other are the clipped surrogate over action / args / other (reasoning, format,
-unlabelled) trainable tokens, each normalised by its own token count. ∇L_act and ∇L_args are two
-extra backward passes (`torch.autograd.grad`, restricted to the parameters the masks can reach:
-the partitioned MLP weights when γ = 0); ∇L_other is TRL's ordinary backward.
+unlabelled) trainable tokens, each normalised by its own token count. ∇L_other is TRL's ordinary
+backward; ∇L_act and ∇L_args are two extra passes (`torch.autograd.grad`) restricted to the
+parameters the masks can reach (the partitioned MLP weights when γ = 0).
+
+Faster exact route (γ = 0): a token's log-prob depends on the final hidden state h only at the
+position that predicts it, and action and args tokens are disjoint, so one backward through the
+LM head of L_act + L_args gives ∂/∂h of both, split by position masks; the two extra passes then
+start at h and skip the LM head. `tests/test_trainer_capo.py` checks the routed gradient against
+the masked sum of the three separately computed gradients.
 
 Freezing: with γ = 0 and L_other dropped, every parameter outside the partitions gets
 `requires_grad=False` (skipped by the optimizer). Inside a partially-partitioned weight, and for
@@ -66,9 +72,16 @@ class CapoTrainer(HarnessTrainer):
                 if p not in keep:
                     p.requires_grad_(False)
         self._pending: list[torch.Tensor] | None = None
+        self._hidden: torch.Tensor | None = None
+        norm = getattr(getattr(model, "model", None), "norm", None)  # the final norm feeds the LM head
+        if gamma == 0 and isinstance(norm, torch.nn.Module):
+            norm.register_forward_hook(self._keep_hidden)
         self._touched: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._saved: dict[torch.nn.Parameter, torch.Tensor] = {}
         super().__init__(model, cfg, data, tokenizer, args=args, peft_config=peft_config, callbacks=callbacks)
+
+    def _keep_hidden(self, _module, _args, output) -> None:
+        self._hidden = output if output.requires_grad else None
 
     # -- loss terms -----------------------------------------------------------------------------
     def terms(self, model, inputs) -> dict[str, torch.Tensor]:
@@ -105,14 +118,35 @@ class CapoTrainer(HarnessTrainer):
         total = (t["act"] + t["args"] + (t["other"] if self.cfg.capo_other else 0.0)).detach()
         if not self.model.training:
             return total / scale
-        g_act = self._grads(t["act"] / scale, retain=True)
-        g_args = self._grads(t["args"] / scale, retain=self.cfg.capo_other)
+        if self._hidden is not None:
+            g_act, g_args = self._grads_from_hidden(t, inputs, scale)
+        else:
+            g_act = self._grads(t["act"] / scale, retain=True)
+            g_args = self._grads(t["args"] / scale, retain=self.cfg.capo_other)
         self._log_grad_stats(g_act, g_args)
         self._pending = [ma * ga + mb * gb for (_, ma, mb), ga, gb in zip(self.routes, g_act, g_args)]
         if self.cfg.capo_other and t["other"].requires_grad:
             # TRL's backward runs on L_other only; the value reported is the full loss.
             return t["other"] / scale + (total - t["other"].detach()) / scale
         return torch.zeros((), device=total.device, requires_grad=True) + total / scale
+
+    def _grads_from_hidden(self, t: dict[str, torch.Tensor], inputs, scale: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        h, self._hidden = self._hidden, None
+        params = [p for p, _, _ in self.routes]
+        both = t["act"] / scale + t["args"] / scale
+        if not both.requires_grad:
+            return [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+        (dh,) = torch.autograd.grad(both, h, retain_graph=True)
+        # Token j of the completion is predicted at sequence position P + j − 1.
+        P = inputs["prompt_ids"].size(1)
+        cls, mask = inputs["token_class"], inputs["loss_mask"] > 0
+        pos = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+        pos[:, P - 1:P - 1 + cls.size(1)] = torch.where(mask, cls, torch.zeros_like(cls))
+        out = []
+        for code, retain in ((ACTION, True), (ARGS, self.cfg.capo_other)):
+            g = torch.autograd.grad(h, params, grad_outputs=dh * (pos == code).unsqueeze(-1), retain_graph=retain, allow_unused=True)
+            out.append([torch.zeros_like(p) if x is None else x for p, x in zip(params, g)])
+        return out[0], out[1]
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)

@@ -219,9 +219,11 @@ class PactTrainer(HarnessTrainer):
         rows = w.sum(-1) > 0
         if not bool(rows.any()):
             return torch.zeros(0, device=w.device)
-        ids, attn = inputs["sft_ids"][rows], inputs["sft_mask"][rows]
-        logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, attn, ids.size(1) - 1)
-        w = w[rows]
+        ids, attn, w = inputs["sft_ids"][rows], inputs["sft_mask"][rows], w[rows]
+        # Score only from the first weighted token on (the task prompt has weight 0).
+        first = int((w > 0).float().argmax(-1).min())
+        logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, attn, ids.size(1) - 1 - first)
+        w = w[:, first:]
         return -(logps * w).sum(-1) / w.sum(-1)
 
     def objective(self, model, inputs):

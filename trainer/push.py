@@ -27,8 +27,9 @@ def save_checkpoint(trainer, out_dir: str | Path, version: str) -> Path:
     path = Path(out_dir) / version
     if path.exists():
         raise UserError(f"checkpoint directory already exists: {path} (choose another --version)")
-    trainer.save_model(str(path))  # PEFT models save their adapter only
-    trainer.processing_class.save_pretrained(str(path))
+    trainer.save_model(str(path))  # PEFT models save their adapter only; every rank takes part
+    if trainer.accelerator.is_main_process:
+        trainer.processing_class.save_pretrained(str(path))
     return path
 
 

@@ -56,10 +56,12 @@ def train(cfg: TrainConfig) -> RunResult:
 
     trainer = build_trainer(cfg)
     trainer.train()
-    version = cfg.version or new_version(cfg.algo)
+    from accelerate.utils import broadcast_object_list
+
+    version = cfg.version or broadcast_object_list([new_version(cfg.algo)])[0]  # one name on every rank
     path = save_checkpoint(trainer, cfg.out, version)
     pushed = False
-    if cfg.push:
+    if cfg.push and trainer.accelerator.is_main_process:
         version = push(cfg.push, path, version, cfg.push_target, lora=cfg.lora, db=cfg.db)
         pushed = True
     return RunResult(path, version, pushed, trainer.state.log_history)
