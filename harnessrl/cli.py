@@ -52,6 +52,46 @@ def db_upgrade(
     Console().print(f"records DB at head: {db}")
 
 
+@app.command("loop")
+def loop(
+    harness: str = typer.Option(..., help="lookup | react | planner_worker | langgraph | bfcl"),
+    model: Path = typer.Option(..., help="Model directory the first round starts from."),
+    algo: str = typer.Option("grpo", help="grpo | capo | matpo | pact"),
+    rounds: int = typer.Option(2, help="Rounds of rollouts → compile → train → push → eval."),
+    group: int = typer.Option(4, help="Rollouts per training task per round (the GRPO group)."),
+    tasks: Path | None = typer.Option(None, help="Task file of the harness (default: generated tasks)."),
+    corpus: Path | None = typer.Option(None, help="Search harnesses: corpus JSONL for a real --tasks QA file."),
+    n_tasks: int = typer.Option(8, help="Tasks to use (generated or first of --tasks)."),
+    eval_fraction: float = typer.Option(0.25, help="Fraction of the tasks held out for evaluation."),
+    db: str = typer.Option("", help="Records DB (default: OUT/runs.db)."),
+    out: Path = typer.Option(Path("loop"), help="Output directory: state, samples, checkpoints, curves."),
+    steps: int = typer.Option(2, help="Optimizer steps per round."),
+    batch_size: int = typer.Option(8, help="Samples per optimizer step."),
+    lr: float = typer.Option(1e-4, help="Learning rate."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature of training rollouts."),
+    concurrency: int = typer.Option(8, help="Rollouts in flight at once."),
+    seed: int = typer.Option(0, help="Seed of tasks, sampling and training."),
+) -> None:
+    """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
+    from harnessrl.loop import LoopConfig, run_loop
+
+    run_loop(LoopConfig(harness=harness, algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
+                        tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
+                        batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed))
+
+
+@app.command("demo")
+def demo(
+    out: Path = typer.Option(Path("demo"), help="Output directory (tiny model, DB, samples, checkpoints)."),
+    rounds: int = typer.Option(2, help="Loop rounds."),
+    algo: str = typer.Option("grpo", help="grpo | capo | matpo | pact"),
+) -> None:
+    """The main job end to end on the embedded default: tiny model, proxy, harness, compile, train, push."""
+    from harnessrl.demo import run_demo
+
+    run_demo(out, rounds, algo)
+
+
 for _part in _PARTS:
     importlib.import_module(_part).register(app)
 

@@ -113,7 +113,7 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
                                                    max_tokens=8, temperature=1.0)
                     ro.reward(float(k))  # one success and one failure per group
         out = tmp_path / "compiled"
-        r = _harnessrl("compile", db, "--out", str(out))
+        r = _harnessrl("compile", db, "--out", str(out), "--tokenizer", str(tiny_model_dir))
         assert r.returncode == 0, r.stderr[-2000:]
         r = _harnessrl("train", str(out), "--model", str(tiny_model_dir), "--algo", "grpo", "--steps", "2",
                        "--batch-size", "4", "--lr", "1e-5", "--out", str(tmp_path / "ck"), "--version", "round-1", "--push", proxy.url)

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         lora: Optional[bool] = typer.Option(None, "--lora/--full", help="Train a LoRA adapter (PEFT)."),
         push: Optional[str] = typer.Option(None, "--push", help="Push the checkpoint to this proxy or vLLM URL."),
         version: Optional[str] = typer.Option(None, "--version", help="Weight version name for the checkpoint."),
+        db: Optional[str] = typer.Option(None, "--db", help="Records DB to record a vLLM push's weight version in."),
         report_to: Optional[str] = typer.Option(None, "--report-to", help="TRL/transformers loggers (none, tensorboard, wandb, ...)."),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file with any of these options."),
     ) -> None:
@@ -38,7 +39,7 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, dict(
             samples=str(samples), model=model, algo=algo, out=out, steps=steps, batch_size=batch_size,
             partition=partition, lr=lr, epsilon=epsilon, beta=beta, loss_agg=loss_agg, lora=lora, push=push,
-            version=version, report_to=report_to,
+            version=version, db=db, report_to=report_to,
         ))
         if not cfg.model:
             from harnessrl.errors import UserError

@@ -1,0 +1,280 @@
+"""`harnessrl loop`: rounds of rollouts → compile → train → push → evaluate.
+
+Each round runs K rollouts per training task through the proxy (tagged `run=round-<r>-a<attempt>`),
+compiles exactly that run, trains the chosen objective on it, pushes the checkpoint into the
+proxy's local backend and evaluates the held-out tasks greedily (`run=eval-<r>-a<attempt>`).
+The round state lives in `<out>/loop_state.json` and is written after every finished round, so
+a crashed loop resumes at the round it was in: the new attempt gets a fresh run tag, and the
+interrupted attempt's records are left in the DB but never compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from harnessrl.errors import UserError
+
+# The advantage estimator and training scope each objective is defined with (METHODS §5, §6).
+ALGO_DEFAULTS = {
+    "grpo": {"advantage": "grpo", "train_agents": "central"},
+    "capo": {"advantage": "harness", "train_agents": "central"},
+    "matpo": {"advantage": "matpo", "train_agents": "all"},
+    "pact": {"advantage": "matchtir", "train_agents": "central"},
+}
+
+Runner = Callable[[str, Any, str, str, float], Any]  # (proxy url, task, group id, run tag, temperature) → RolloutResult
+
+
+@dataclass
+class HarnessTasks:
+    train: list[Any]
+    eval: list[Any]
+    run: Runner
+    task_id: Callable[[Any], str]
+    tasks_file: Path | None = None  # `harnessrl tasks import` JSONL with references / expert traces
+
+
+def _split(tasks: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
+    n_eval = max(1, round(len(tasks) * eval_fraction)) if len(tasks) > 1 else 0
+    return tasks[: len(tasks) - n_eval], tasks[len(tasks) - n_eval:]
+
+
+def load_harness(name: str, tasks: Path | None, out: Path, n_tasks: int, eval_fraction: float, seed: int,
+                 corpus: Path | None = None) -> HarnessTasks:
+    """The named example harness with its training and held-out tasks."""
+    if name == "lookup":
+        from harnessrl.harness_examples.lookup import tasks as lk
+        from harnessrl.harness_examples.lookup.harness import LookupConfig, run_rollout
+
+        all_tasks = lk.read(tasks) if tasks else lk.generate(n_tasks, seed)
+        table = {t.key: t.value for t in all_tasks}
+        train, held = _split(all_tasks, eval_fraction)
+        file = lk.write(all_tasks, out / "tasks.jsonl")
+
+        def run(url, task, group_id, run_tag, temperature):
+            return run_rollout(url, table, task, LookupConfig(temperature=temperature), group_id=group_id, run=run_tag)
+
+        return HarnessTasks(train, held, run, lambda t: t.id, file)
+    if name in ("react", "planner_worker", "langgraph"):
+        from harnessrl.harness_examples.search_task import export_tasks, load_search_tasks
+
+        module = {"react": "react", "planner_worker": "planner_worker", "langgraph": "langgraph_search"}[name]
+        harness = __import__(f"harnessrl.harness_examples.{module}.harness", fromlist=["run_rollout"])
+        config_cls = {"react": "ReactConfig", "planner_worker": "PlannerWorkerConfig", "langgraph": "LangGraphConfig"}[name]
+        taskset = load_search_tasks(corpus, tasks, seed=seed)
+        all_tasks = taskset.tasks[:n_tasks]
+        train, held = _split(all_tasks, eval_fraction)
+        file = out / "tasks.jsonl"
+        export_tasks(all_tasks, file)
+
+        def run(url, task, group_id, run_tag, temperature):
+            cfg = getattr(harness, config_cls)(temperature=temperature)
+            return harness.run_rollout(url, taskset.env, task, cfg, group_id=group_id, run=run_tag)
+
+        return HarnessTasks(train, held, run, lambda t: t.id, file)
+    if name == "bfcl":
+        from harnessrl.harness_examples.bfcl_multiturn import data as bfcl
+        from harnessrl.harness_examples.bfcl_multiturn.harness import BfclConfig, run_rollout
+
+        ids = [line.strip() for line in tasks.read_text().splitlines() if line.strip()] if tasks else None
+        all_tasks = bfcl.load_tasks(ids=ids, limit=None if ids else n_tasks)
+        train, held = _split(all_tasks, eval_fraction)
+
+        def run(url, task, group_id, run_tag, temperature):
+            return run_rollout(url, task, BfclConfig(temperature=temperature), group_id=group_id, run=run_tag)
+
+        return HarnessTasks(train, held, run, lambda t: t.id, None)
+    raise UserError(f"unknown harness {name!r}: use lookup, react, planner_worker, langgraph or bfcl")
+
+
+@dataclass
+class LoopConfig:
+    harness: str
+    algo: str = "grpo"
+    rounds: int = 2
+    group: int = 4
+    model: str = ""
+    db: str = ""
+    out: Path = Path("loop")
+    tasks: Path | None = None
+    corpus: Path | None = None  # search harnesses: a real corpus JSONL beside a real QA --tasks file
+    n_tasks: int = 8
+    eval_fraction: float = 0.25
+    steps: int = 2  # optimizer steps per round
+    batch_size: int = 8
+    lr: float = 1e-4
+    temperature: float = 1.0
+    concurrency: int = 8
+    seed: int = 0
+    partition: str | None = None  # capo: a partition file; default: computed from round 0's data
+
+
+@dataclass
+class RoundRow:
+    round: int
+    train_reward: float
+    train_success: float
+    tool_validity: float
+    eval_success: float
+    tokens: int
+    samples: int
+    seconds: float
+    version: str
+    checkpoint: str
+
+
+@dataclass
+class LoopState:
+    model: str  # the checkpoint the next round starts from
+    attempts: int = 0
+    initial_eval: float | None = None
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path, model: str) -> LoopState:
+        if path.exists():
+            return cls(**json.loads(path.read_text()))
+        return cls(model=model)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)  # atomic: a crash leaves the old state or the new one
+
+
+def _summary(results: list[Any]) -> tuple[float, float, float]:
+    if not results:
+        return 0.0, 0.0, 0.0
+    reward = sum(r.outcome for r in results) / len(results)
+    success = sum(r.metrics.get("success", 0.0) for r in results) / len(results)
+    calls = sum(r.metrics.get("tool_calls", 0) for r in results)
+    errors = sum(r.metrics.get("tool_errors", 0) for r in results)
+    return reward, success, (calls - errors) / calls if calls else 0.0
+
+
+def _rollouts(h: HarnessTasks, url: str, tasks: list[Any], group: int, run_tag: str, temperature: float,
+              concurrency: int, label: str) -> list[Any]:
+    from harnessrl.harness_examples.runner import run_many
+
+    def one(task):
+        return h.run(url, task, f"{run_tag}/{h.task_id(task)}", run_tag, temperature)
+
+    return run_many(one, tasks, group, concurrency, label=label)
+
+
+def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
+    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.tasks import import_tasks
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.trainer.push import push
+    from harnessrl.trainer.run import train
+
+    console = console or Console()
+    if cfg.algo not in ALGO_DEFAULTS:
+        raise UserError(f"unknown --algo {cfg.algo!r}: use {', '.join(ALGO_DEFAULTS)}")
+    if not (Path(cfg.model) / "config.json").is_file():
+        raise UserError(f"--model {cfg.model}: not a model directory (no config.json)")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    db = cfg.db or str(cfg.out / "runs.db")
+    h = load_harness(cfg.harness, cfg.tasks, cfg.out, cfg.n_tasks, cfg.eval_fraction, cfg.seed, cfg.corpus)
+    if not h.train:
+        raise UserError("no training tasks: give more tasks or a smaller --eval-fraction")
+    if h.tasks_file:
+        import_tasks(db, h.tasks_file)  # references and expert traces for compile-time rewards and PACT
+    state_path = cfg.out / "loop_state.json"
+    state = LoopState.load(state_path, cfg.model)
+    if state.rounds:
+        console.print(f"resuming after round {state.rounds[-1]['round']} from {state.model}")
+    defaults = ALGO_DEFAULTS[cfg.algo]
+
+    with run_proxy(ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)) as proxy:
+        if state.initial_eval is None:
+            results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
+            state.initial_eval = _summary(results)[1]
+            state.save(state_path)
+        for r in range(len(state.rounds), cfg.rounds):
+            started = time.perf_counter()
+            state.attempts += 1
+            state.save(state_path)
+            tag = f"round-{r}-a{state.attempts}"
+            results = _rollouts(h, proxy.url, h.train, cfg.group, tag, cfg.temperature, cfg.concurrency,
+                                f"round {r} rollouts")
+            reward, success, validity = _summary(results)
+            samples_dir = cfg.out / tag / "samples"
+            stats = Compiler(db, CompileOptions(out=samples_dir, advantage=defaults["advantage"],
+                                                train_agents=defaults["train_agents"], run=tag,
+                                                tokenizer=cfg.model)).run()
+            totals = stats["totals"]
+            partition = cfg.partition
+            if cfg.algo == "capo" and partition is None:
+                partition = str(_capo_partition(samples_dir, state.model, cfg.out / tag / "partition.pt"))
+            result = train(TrainConfig(samples=str(samples_dir), model=state.model, algo=cfg.algo,
+                                       out=str(cfg.out / tag / "checkpoints"), steps=cfg.steps,
+                                       batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed + r,
+                                       temperature=cfg.temperature, partition=partition))
+            version = push(proxy.url, result.checkpoint, result.version)
+            held = _rollouts(h, proxy.url, h.eval, 1, f"eval-{r}-a{state.attempts}", 0.0, cfg.concurrency,
+                             f"round {r} eval")
+            row = RoundRow(r, reward, success, validity, _summary(held)[1], int(totals.get("tokens_recorded", 0)),
+                           int(totals.get("samples", 0)), time.perf_counter() - started, version,
+                           str(result.checkpoint))
+            state.rounds.append(asdict(row))
+            state.model = str(result.checkpoint)
+            state.save(state_path)
+            console.print(round_table(state))
+    plot_curves(state, cfg.out / "curves.png")
+    return state
+
+
+def _capo_partition(samples_dir: Path, model: str, out: Path) -> Path:
+    from harnessrl.trainer.capo_partition import build_partition, write_outputs
+    from harnessrl.trainer.data import load_samples
+    from harnessrl.trainer.run import load_model
+
+    net, tokenizer = load_model(model)
+    partition, report = build_partition(net, load_samples(samples_dir).samples, tokenizer.pad_token_id)
+    return write_outputs(partition, report, out)[0]
+
+
+def round_table(state: LoopState) -> Table:
+    table = Table(title="harnessrl loop")
+    for col in ("round", "reward", "success", "tool-call validity", "eval success", "tokens", "samples", "time (s)", "weights"):
+        table.add_column(col, justify="right")
+    if state.initial_eval is not None:
+        table.add_row("start", "", "", "", f"{state.initial_eval:.3f}", "", "", "", "base")
+    for row in state.rounds:
+        table.add_row(str(row["round"]), f"{row['train_reward']:.3f}", f"{row['train_success']:.3f}",
+                      f"{row['tool_validity']:.3f}", f"{row['eval_success']:.3f}", str(row["tokens"]),
+                      str(row["samples"]), f"{row['seconds']:.1f}", row["version"])
+    return table
+
+
+def plot_curves(state: LoopState, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [row["round"] for row in state.rounds]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(rounds, [row["train_reward"] for row in state.rounds], marker="o", label="train reward")
+    ax.plot(rounds, [row["train_success"] for row in state.rounds], marker="s", label="train success")
+    ax.plot(rounds, [row["eval_success"] for row in state.rounds], marker="^", label="held-out success")
+    if state.initial_eval is not None:
+        ax.axhline(state.initial_eval, color="grey", linestyle=":", label="held-out success at start")
+    ax.set_xlabel("round")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
