@@ -115,7 +115,7 @@ def run_naive(db: str, tok_dir: str, out: str, queue) -> None:
     emitted = 0
     rollouts = comp.select_rollouts()
     for i in range(0, len(rollouts), 256):
-        for w in comp._read_batch(rollouts[i:i + 256]):
+        for w in comp.read_batch(rollouts[i:i + 256]):
             for u in w.units.values():
                 c = u.call
                 n = c.s_len

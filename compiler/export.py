@@ -222,7 +222,7 @@ class Compiler:
         writer = SampleWriter(o.out / "samples.parquet", o.flush_tokens)
         done = 0
         for batch in _group_batches(rollouts, o.batch_rollouts):
-            works = self._read_batch(batch)
+            works = self.read_batch(batch)
             self._rewards(works)
             self._advantages(works)
             for w in works:
@@ -242,7 +242,7 @@ class Compiler:
         (o.out / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         return stats
 
-    def _read_batch(self, batch: list[tuple[str, str | None, str]]) -> list[RolloutWork]:
+    def read_batch(self, batch: list[tuple[str, str | None, str]]) -> list[RolloutWork]:
         works = {rid: RolloutWork(rid, task, group) for rid, task, group in batch}
         calls: dict[str, list[CallTokens]] = defaultdict(list)
         extra: dict[str, tuple[str | None, list[Any] | None]] = {}

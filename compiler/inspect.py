@@ -30,7 +30,7 @@ def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_cha
     selected = comp.select_rollouts()
     if not selected:
         raise UserError(f"no rollout {rollout_id!r} in {db}")
-    (work,) = comp._read_batch(selected)
+    (work,) = comp.read_batch(selected)
     root = Tree(Text.assemble(("rollout ", "bold"), rollout_id, f"  task={work.task_id} group={work.group_id} "
                               f"calls={work.stats['calls']} failed={work.stats['failed']} "
                               f"retokenized={work.stats['retokenized']}"))

@@ -125,7 +125,8 @@ def tool_message(call: ToolCall, content: str) -> dict[str, Any]:
 
 
 def resolve_model(client: openai.OpenAI, model: str | None) -> str:
-    """The model name to send: the given one, else the first the server lists."""
+    """The model name to send: the given one, else the first the server lists (the proxy lists the
+    model it serves, which is what the compiler later reads back to find the tokenizer)."""
     if model:
         return model
     listed = client.models.list().data

@@ -100,7 +100,7 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -3,10 +3,11 @@
 A small Qwen2-architecture causal LM and a byte-level BPE tokenizer with a Qwen/hermes-style
 chat template (system/user/assistant/tool messages, tool schemas, `<tool_call>` JSON,
 `<think>`). Both are made from synthetic chats rendered with that template: the tokenizer is
-trained on them in a second, then the randomly initialised model is trained on them for a few
-seconds, so that (greedy) it answers a question with a `<tool_call>` of one of the given tools,
-answers a tool result with a short text, and ends its turns with EOS. Tests and the demo use it
-because nothing can be downloaded; any real HF checkpoint directory works in its place.
+trained on them, then the randomly initialised model is trained on their assistant turns for a
+fixed, seeded run, so that with greedy decoding it answers a question with a `<tool_call>` when
+tools are given (naming DEFAULT_TOOL: see TOOL_NAMES), answers a tool result with a short text,
+and ends its turns with EOS. Tests and the demo use it because nothing can be downloaded; any
+real HF checkpoint directory works in its place.
 """
 
 from __future__ import annotations
@@ -177,16 +178,17 @@ def _training_batches(tokenizer, seed: int, n: int, batch_size: int):
     only (their text and the EOS that ends them)."""
     import torch
 
+    texts = _chat_texts(seed, n)
+    encodings = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
     rows = []
-    for full in _chat_texts(seed, n):
+    for full, ids, offsets in zip(texts, encodings["input_ids"], encodings["offset_mapping"]):
         # Each assistant turn follows its generation prompt and ends with EOS (this template
         # renders every prompt as a prefix of the whole chat).
-        spans = [(m.end(), full.index("<|im_end|>", m.end()) + len("<|im_end|>"))
-                 for m in re.finditer(re.escape(_GENERATION_PROMPT), full)]
-        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-        labels = [t if any(a <= start < b for a, b in spans) else -100
-                  for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"])]
-        rows.append((enc["input_ids"], labels))
+        in_turn = [0] * (len(full) + 1)
+        for m in re.finditer(re.escape(_GENERATION_PROMPT), full):
+            end = full.index("<|im_end|>", m.end()) + len("<|im_end|>")
+            in_turn[m.end():end] = [1] * (end - m.end())
+        rows.append((ids, [t if in_turn[start] else -100 for t, (start, _) in zip(ids, offsets)]))
     # Similar lengths share a batch (less padding); the batch order is shuffled with the seed.
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -229,8 +231,9 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
 
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     steps: int = 80) -> Path:
-    """Write tokenizer + tiny trained Qwen2 model to `out_dir`; returns the path."""
+                     steps: int = 240) -> Path:
+    """Write tokenizer + tiny imprinted Qwen2 model to `out_dir`; returns the path.
+    `steps=0` leaves the weights random."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 

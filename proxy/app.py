@@ -227,9 +227,10 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
         return _json({"id": rid, "call_id": call_id, "kind": "process", "value": body.value})
 
     @app.post("/harnessrl/rollouts/{rollout_id}/finish", dependencies=[api])
-    def finish_rollout(rollout_id: str):
-        r = store.finish(rollout_id)
+    async def finish_rollout(rollout_id: str):
+        r = await run_in_threadpool(store.finish, rollout_id)
         known[r.id] = r.status
+        state["calls"].index.forget(r.id)  # here, on the event loop thread that owns the index
         return _json(rollout_json(r))
 
     @app.get("/harnessrl/rollouts", dependencies=[api])

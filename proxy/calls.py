@@ -52,6 +52,10 @@ class Calls:
         self.model_name = model_name
         self.default_max_tokens = default_max_tokens
         self.index = PrefixIndex()
+        tok = prompter.tok if prompter is not None else None
+        # ids that end an assistant turn (known when the proxy has the tokenizer)
+        self.eos_ids: frozenset[int] = frozenset(
+            getattr(backend, "eos_token_ids", None) or ([tok.eos_token_id] if tok is not None else []))
 
     # ---- shared -------------------------------------------------------------------------
     def _record(self, call_id: str, ident: Identity, endpoint: str, req: dict) -> CallRecord:
@@ -86,7 +90,8 @@ class Calls:
         if reply is None or not prompt_ids or completion_ids is None:
             return
         self.index.add((ident.rollout, ident.agent, ident.session),
-                       Turn(rec.id, req["messages"], req.get("tools"), reply, list(prompt_ids), list(completion_ids)))
+                       Turn.of(rec.id, req["messages"], req.get("tools"), reply, prompt_ids, completion_ids,
+                               self.eos_ids))
 
     def _find(self, ident: Identity, req: dict) -> Turn | None:
         return self.index.find((ident.rollout, ident.agent, ident.session), req["messages"], req.get("tools"))
@@ -149,6 +154,7 @@ class Calls:
         buf = bytearray()
         try:
             async for data in chunks:
+                ready = []  # events that arrived together go out in one write
                 for payload in sse_events(buf, data):
                     if payload == b"[DONE]":
                         continue
@@ -157,10 +163,9 @@ class Calls:
                     terminal = held or not obj.get("choices") or any(c.get("finish_reason") for c in obj["choices"])
                     if out is None:
                         continue
-                    if terminal:
-                        held.append(_sse(out))
-                    else:
-                        yield _sse(out)
+                    (held if terminal else ready).append(_sse(out))
+                if ready:
+                    yield b"".join(ready)
         except (UpstreamConnectionError, asyncio.TimeoutError) as exc:
             err = _transport_error(exc)
             await self._fail(rec, t0, err)
@@ -365,8 +370,7 @@ def _drift(turn: Turn | None, prompt_ids: list[int] | None) -> bool | None:
     """Whether the upstream's rendering of an extending call lost the earlier call's exact ids."""
     if turn is None or prompt_ids is None:
         return None
-    exact = turn.exact
-    return prompt_ids[: len(exact)] != exact
+    return not turn.starts(prompt_ids)
 
 
 def _transport_error(exc: BaseException) -> ProxyError:

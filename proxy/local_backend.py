@@ -10,6 +10,7 @@ never lands in the middle of a completion.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -58,6 +59,8 @@ class LocalBackend:
         self._base_path = path
         self._model = _load_model(path).to(self._device).eval()
         self._version = _version_in(path) or "base"
+        # transformers 5.x renamed the KV-cache argument and output from `past_key_values` to `cache`
+        self._cache_arg = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
         self.model_name = model_name or str(model_path)
 
         eos = self._model.generation_config.eos_token_id
@@ -159,8 +162,8 @@ class LocalBackend:
             for step in range(params.max_tokens):
                 if cancelled.is_set():
                     break
-                out = model(input_ids=inputs, past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
+                out = model(input_ids=inputs, use_cache=True, **{self._cache_arg: cache})
+                cache = out[self._cache_arg]
                 token, logprob = self._sample(out.logits[0, -1].float(), params, generator)
                 ids.append(token)
                 logprobs.append(logprob)

@@ -14,6 +14,7 @@ template puts after the end-of-turn token (P's text after its last EOS string, e
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +31,20 @@ class Turn:
     messages: list[dict]
     tools: list | None
     reply: dict  # the assistant message the proxy returned
-    prompt_ids: list[int]
-    completion_ids: list[int]
+    exact: array  # prompt + completion ids, int32 (4 bytes a token, not a Python int each)
+    ends_turn: bool  # the completion ended with EOS
 
-    @property
-    def exact(self) -> list[int]:
-        return self.prompt_ids + self.completion_ids
+    @classmethod
+    def of(cls, call_id: str, messages: list[dict], tools: list | None, reply: dict, prompt_ids: list[int],
+           completion_ids: list[int], eos_ids: frozenset[int] | set[int]) -> Turn:
+        exact = array("i", prompt_ids)
+        exact.extend(completion_ids)
+        return cls(call_id, messages, tools, reply, exact, bool(completion_ids) and completion_ids[-1] in eos_ids)
+
+    def starts(self, ids: list[int]) -> bool:
+        """Whether `ids` begins with this call's exact prompt + completion ids."""
+        n = len(self.exact)
+        return len(ids) >= n and array("i", ids[:n]) == self.exact
 
 
 def _text(content: Any) -> str | None:
@@ -82,7 +91,7 @@ def for_template(messages: list[dict]) -> list[dict]:
 class PrefixIndex:
     """Recent calls per (rollout, agent, session), in memory: no DB query on the hot path."""
 
-    def __init__(self, per_key: int = 32, max_keys: int = 20_000) -> None:
+    def __init__(self, per_key: int = 8, max_keys: int = 4096) -> None:
         self._turns: OrderedDict[tuple, deque[Turn]] = OrderedDict()
         self._per_key = per_key
         self._max_keys = max_keys
@@ -96,6 +105,11 @@ class PrefixIndex:
         else:
             self._turns.move_to_end(key)
         turns.append(turn)
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a finished rollout's calls."""
+        for key in [k for k in self._turns if k[0] == rollout_id]:
+            del self._turns[key]
 
     def find(self, key: tuple, messages: list[dict], tools: list | None) -> Turn | None:
         """The latest call whose messages + reply are the longest prefix of `messages`."""
@@ -147,8 +161,7 @@ class Prompter:
         rendered = self.render(messages, tools)
         if turn is None:
             return Plan(rendered, "render", None, None)
-        exact = turn.exact
-        drift = rendered[: len(exact)] != exact
+        drift = not turn.starts(rendered)
         if self.prefix_mode:
             ids = self.extend(messages, tools, turn)
             if ids is not None:
@@ -165,5 +178,5 @@ class Prompter:
         if not f.startswith(p) or cut < 0:
             return None
         # a turn cut short (length, stop string) gets the end-of-turn token the template adds
-        close = [] if turn.completion_ids[-1:] == [self.eos_id] else [self.eos_id]
-        return turn.exact + close + self.encode(p[cut + len(self.eos_text):] + f[len(p):])
+        close = [] if turn.ends_turn else [self.eos_id]
+        return turn.exact.tolist() + close + self.encode(p[cut + len(self.eos_text):] + f[len(p):])

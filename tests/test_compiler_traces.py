@@ -1,8 +1,6 @@
 """Expert trace structure, the rule segmenter, levels L0–L4, and `harnessrl tasks import`."""
 
 import json
-import os
-import subprocess
 import sys
 
 from sqlalchemy import select
@@ -60,23 +58,31 @@ def test_level_schedule():
     assert [level_at_step(s, 10) for s in range(11)] == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0, 0]
 
 
-def run_cli(*args):
-    # wide console: rich would otherwise wrap the one-line error at 80 columns
-    env = {**os.environ, "COLUMNS": "400"}
-    return subprocess.run([sys.executable, "-c", "from harnessrl.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+def run_cli(monkeypatch, capsys, *args):
+    """The `harnessrl` entry point in this process: (exit code, stdout, stderr)."""
+    from harnessrl.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # rich would otherwise wrap the one-line error
+    monkeypatch.setattr(sys, "argv", ["harnessrl", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-def test_tasks_import_cli(tmp_path, db_target):
+def test_tasks_import_cli(tmp_path, db_target, monkeypatch, capsys):
     f = tmp_path / "tasks.jsonl"
     rows = [{"id": "t1", "input": "Where was the author of Dune born?", "reference": "Tacoma",
              "reference_calls": [{"name": "search", "arguments": {"query": "Dune author"}}], "expert_trace": TRACE},
             {"id": "t2", "input": [{"role": "user", "content": "2+2?"}], "answer": "4"}]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     for _ in range(2):  # re-importing replaces, it does not duplicate
-        res = run_cli("tasks", "import", str(f), "--db", db_target)
-        assert res.returncode == 0, res.stderr
-        assert "imported 2 tasks (1 with expert traces)" in res.stdout
+        code, out, err = run_cli(monkeypatch, capsys, "tasks", "import", str(f), "--db", db_target)
+        assert code == 0, err
+        assert "imported 2 tasks (1 with expert traces)" in out
     _, make = open_db(db_target)
     with make() as s:
         tasks = {t.id: t for t in s.scalars(select(Task))}
@@ -86,17 +92,17 @@ def test_tasks_import_cli(tmp_path, db_target):
     assert len(traces) == 1 and traces[0].task_id == "t1" and traces[0].messages == TRACE
 
 
-def test_tasks_import_errors(tmp_path):
+def test_tasks_import_errors(tmp_path, monkeypatch, capsys):
     db = str(tmp_path / "runs.db")
     f = tmp_path / "bad.jsonl"
     f.write_text('{"id": "a", "input": "x"}\n{"id": "b"\n')
-    res = run_cli("tasks", "import", str(f), "--db", db)
-    assert res.returncode == 2 and f"{f}:2: not valid JSON" in res.stderr and "Traceback" not in res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "tasks", "import", str(f), "--db", db)
+    assert code == 2 and f"{f}:2: not valid JSON" in err and len(err.strip().splitlines()) == 1
     f.write_text('{"id": "a", "input": "x", "reference_calls": [{"arguments": {}}]}\n')
-    res = run_cli("tasks", "import", str(f), "--db", db)
-    assert res.returncode == 2 and "reference_calls must be a list" in res.stderr
-    res = run_cli("tasks", "import", str(tmp_path / "missing.jsonl"), "--db", db)
-    assert res.returncode == 2 and "tasks file not found" in res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "tasks", "import", str(f), "--db", db)
+    assert code == 2 and "reference_calls must be a list" in err
+    code, _, err = run_cli(monkeypatch, capsys, "tasks", "import", str(tmp_path / "missing.jsonl"), "--db", db)
+    assert code == 2 and "tasks file not found" in err
     # nothing was written by the failed imports
     _, make = open_db(db)
     with make() as s:

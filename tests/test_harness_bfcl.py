@@ -182,3 +182,9 @@ def test_matchtir_rewards_against_the_ground_truth(bfcl_rollout, tmp_path):
             predicted.append((tc["function"]["name"], args if isinstance(args, dict) else None))
     rewards = matchtir.call_rewards(predicted, ref)
     assert len(rewards) == len(predicted) and all(0.0 <= r <= 1.0 for r in rewards)
+
+    # The compiler turns the same records into PACT samples with MatchTIR turn rewards.
+    from harnessrl.compiler.export import CompileOptions, Compiler
+
+    stats = Compiler(db, CompileOptions(out=tmp_path / "out", advantage="matchtir", process=("matchtir",))).run()["totals"]
+    assert stats["rollouts"] == 1 and stats["calls"] == len(calls) and stats["failed"] == 0 and stats["samples"] >= 1

@@ -8,9 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
+from harnessrl.compiler.export import CompileOptions, Compiler
 from harnessrl.db import open_db
 from harnessrl.harness_examples.planner_worker import PlannerWorkerConfig, run_rollout
 from harnessrl.harness_examples.planner_worker.harness import SUMMARY_PROMPT
@@ -33,7 +35,7 @@ def _calls(db: str, rollout_id: str) -> list[Call]:
         return list(s.scalars(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq)))
 
 
-def test_rollout_has_planner_and_worker_sessions_with_parent_edges(proxy):
+def test_rollout_has_planner_and_worker_sessions_with_parent_edges(proxy, tmp_path):
     p, db = proxy
     tasks = load_search_tasks(seed=0, n_tasks=1)
     task = tasks.tasks[0]
@@ -68,13 +70,29 @@ def test_rollout_has_planner_and_worker_sessions_with_parent_edges(proxy):
     assert rollout.status == "finished" and rollout.task_id == task.id and rollout.group_id == "g-pw"
     assert [r.value for r in outcome] == [pytest.approx(score(result.answer, task)["f1"])]
 
+    # The records compile (MATPO, both roles trained): one prefix tree per session, no drift.
+    stats = Compiler(db, CompileOptions(out=tmp_path, rollouts=(result.rollout_id,), advantage="matpo",
+                                        train_agents="all", process=("tool_format", "dispatch_ok"))).run()["totals"]
+    assert stats["calls"] == len(calls) and stats["failed"] == 0
+    assert stats["sessions"] == len(sessions) and stats["roots_drift"] == 0 and stats["retokenized"] == 0
+    rows = pq.read_table(tmp_path / "samples.parquet", columns=["agent", "session_id", "outcome_reward"]).to_pylist()
+    assert {r["session_id"] for r in rows} == sessions and {r["agent"] for r in rows} == {"planner", "worker"}
+    assert all(r["outcome_reward"] == pytest.approx(result.outcome) for r in rows)
 
-def test_command_line(proxy):
+
+def test_command_line(proxy, monkeypatch, capsys):
     p, _ = proxy
     cmd = [sys.executable, "-m", "harnessrl.harness_examples.planner_worker", "--proxy", p.url, "--n-tasks", "1",
            "--max-tokens", "16", "--max-planner-turns", "1", "--max-worker-turns", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "planner_worker" in done.stdout and "mean outcome" in done.stdout
-    down = subprocess.run(cmd[:3] + ["--proxy", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
-    assert down.returncode == 2 and down.stderr.startswith("error: cannot reach the proxy") and down.stderr.count("\n") == 1
+    # An unreachable proxy: one line on stderr and exit code 2 (in-process: the same entry point).
+    from harnessrl.harness_examples.planner_worker.__main__ import app
+    from harnessrl.harness_examples.runner import main
+
+    monkeypatch.setattr(sys, "argv", ["planner_worker", "--proxy", "http://127.0.0.1:9", "--n-tasks", "1"])
+    with pytest.raises(SystemExit) as exit_:
+        main(app)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: cannot reach the proxy") and err.count("\n") == 1

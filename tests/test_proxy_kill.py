@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from harnessrl.db import open_db
@@ -24,57 +25,62 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigkill_mid_load_loses_no_answered_call(tiny_model_dir, db_target):
+@pytest.fixture(scope="module")
+def upstream(tiny_model_dir):
+    with run_standin(str(tiny_model_dir)) as url:
+        yield url
+
+
+def test_sigkill_mid_load_loses_no_answered_call(upstream, db_target):
     port = _free_port()
-    with run_standin(str(tiny_model_dir)) as upstream:
-        proc = subprocess.Popen([sys.executable, "-c", "from harnessrl.cli import main; main()", "proxy",
-                                 "--upstream", upstream, "--db", db_target, "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.time() + 120
-            while True:
-                assert proc.poll() is None, "the proxy exited"
+    proc = subprocess.Popen([sys.executable, "-c", "from harnessrl.cli import main; main()", "proxy",
+                             "--upstream", upstream, "--db", db_target, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, "the proxy exited"
+            try:
+                if httpx.get(url + "/v1/models").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.time() < deadline, "the proxy did not start"
+                time.sleep(0.1)
+        answered: list[str] = []
+        failed = 0
+
+        async def worker(k: int, client: httpx.AsyncClient) -> None:
+            nonlocal failed
+            for j in range(10_000):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"w{k} {j}"}], "stream": j % 3 == 0}
                 try:
-                    if httpx.get(url + "/v1/models").status_code == 200:
-                        break
+                    r = await client.post(url + "/v1/chat/completions", json=body)
                 except httpx.TransportError:
-                    assert time.time() < deadline, "the proxy did not start"
-                    time.sleep(0.1)
-            answered: list[str] = []
-            failed = 0
+                    failed += 1
+                    return
+                if r.status_code == 200 and (not body["stream"] or r.text.endswith("data: [DONE]\n\n")):
+                    answered.append(r.headers["x-harnessrl-call"])
 
-            async def worker(k: int, client: httpx.AsyncClient) -> None:
-                nonlocal failed
-                for j in range(10_000):
-                    body = {"model": "m", "messages": [{"role": "user", "content": f"w{k} {j}"}], "stream": j % 3 == 0}
-                    try:
-                        r = await client.post(url + "/v1/chat/completions", json=body)
-                    except httpx.TransportError:
-                        failed += 1
-                        return
-                    if r.status_code == 200 and (not body["stream"] or r.text.endswith("data: [DONE]\n\n")):
-                        answered.append(r.headers["x-harnessrl-call"])
+        async def killer() -> None:
+            while len(answered) < 100:
+                await asyncio.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)
 
-            async def killer() -> None:
-                while len(answered) < 150:
-                    await asyncio.sleep(0.01)
-                os.kill(proc.pid, signal.SIGKILL)
+        async def main() -> None:
+            async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=32)) as client:
+                await asyncio.gather(killer(), *(worker(k, client) for k in range(32)))
 
-            async def main() -> None:
-                async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=32)) as client:
-                    await asyncio.gather(killer(), *(worker(k, client) for k in range(32)))
-
-            asyncio.run(main())
-            proc.wait(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        asyncio.run(main())
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == -signal.SIGKILL
     assert failed == 32  # every client was cut off mid-load
     engine, Session = open_db(db_target)
     with Session() as s:
         stored = set(s.scalars(select(Call.id)))
     engine.dispose()
-    assert len(answered) >= 150
+    assert len(answered) >= 100
     assert set(answered) <= stored

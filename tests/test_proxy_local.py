@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import openai
+import orjson
 import pytest
 from sqlalchemy import select
 
@@ -13,8 +14,10 @@ from harnessrl.db import open_db
 from harnessrl.proxy.local_backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call, unpack_ids, unpack_logprobs
+from harnessrl.tiny_model import DEFAULT_TOOL
 
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look something up.",
+# the tool the tiny model is imprinted to call (see harnessrl.tiny_model)
+TOOLS = [{"type": "function", "function": {"name": DEFAULT_TOOL, "description": "Look a word up.",
                                            "parameters": {"type": "object",
                                                           "properties": {"query": {"type": "string"}},
                                                           "required": ["query"]}}}]
@@ -71,30 +74,36 @@ def test_plain_and_stream_record_the_same_tokens(backend, tiny_model_dir, db_tar
 
 def test_tools_and_tool_results_over_several_turns(backend, tiny_model_dir, tmp_path):
     db = str(tmp_path / "t.db")
-    messages: list[dict] = [{"role": "user", "content": "Look up the weather in paris."}]
+    messages: list[dict] = [{"role": "user", "content": "What is the capital of france?"}]
     with _proxy(db, backend, tiny_model_dir) as proxy:
         client = _client(proxy.url)
         first = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, temperature=0,
-                                               max_tokens=64)
+                                               max_tokens=40)
         msg = first.choices[0].message
         assert first.choices[0].finish_reason == "tool_calls" and msg.tool_calls
-        assert msg.tool_calls[0].function.name == "lookup"
+        assert msg.tool_calls[0].function.name == DEFAULT_TOOL
+        assert "query" in orjson.loads(msg.tool_calls[0].function.arguments)
         messages.append(msg.model_dump(exclude_none=True))
-        messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "sunny, 21 C"})
+        messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "Paris 42"})
         stream = list(client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, temperature=0,
-                                                     max_tokens=64, stream=True))
-    c1, c2 = _calls(db)
-    assert c1.tool_calls[0]["function"]["name"] == "lookup" and c1.finish_reason == "tool_calls"
-    assert c2.request["messages"][-1]["role"] == "tool" and c2.prefix_call_id == c1.id
-    assert stream[-1].choices[0].finish_reason == c2.finish_reason
-    streamed_calls = [tc for ch in stream for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert [t.function.name for t in streamed_calls] == [t["function"]["name"] for t in (c2.tool_calls or [])]
-    for c in (c1, c2):
+                                                     max_tokens=40, stream=True))
+        again = list(client.chat.completions.create(model="tiny", messages=messages[:1], tools=TOOLS, temperature=0,
+                                                    max_tokens=40, stream=True))
+    c1, c2, c3 = _calls(db)
+    assert c1.tool_calls[0]["function"]["name"] == DEFAULT_TOOL and c1.finish_reason == "tool_calls"
+    # the answer to the tool result: streamed as content, recorded as one prefix-consistent call
+    assert c2.request["messages"][-1]["role"] == "tool" and c2.prefix_call_id == c1.id and c2.prompt_path == "prefix"
+    assert stream[-1].choices[0].finish_reason == c2.finish_reason == "stop" and not c2.tool_calls
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == c2.response_text
+    # the same first turn streamed: tool calls arrive at the end, recorded like the non-stream call
+    streamed_calls = [tc for ch in again for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert [t.function.name for t in streamed_calls] == [DEFAULT_TOOL]
+    assert again[-1].choices[0].finish_reason == "tool_calls"
+    assert c3.completion_ids == c1.completion_ids and c3.tool_calls[0]["function"]["arguments"] == \
+        c1.tool_calls[0]["function"]["arguments"]
+    for c in (c1, c2, c3):
         ids = unpack_ids(c.completion_ids).tolist()
-        assert len(unpack_logprobs(c.completion_logprobs)) == len(ids)
-        # the tool call came out of the sampled tokens: its text is in their decoding
-        if c.tool_calls:
-            assert '"name": "lookup"' in backend.decode(ids).replace('"name":"', '"name": "')
+        assert len(unpack_logprobs(c.completion_logprobs)) == len(ids) and ids[-1] in backend.eos_token_ids
 
 
 def _conversation(client: openai.OpenAI, turns: int) -> list[str]:
@@ -128,10 +137,11 @@ def test_four_turn_tool_conversation_is_prefix_consistent(backend, tiny_model_di
         assert cur.drift == (rendered[: len(exact)] != exact)
 
 
-def test_mode_off_renders_and_records_drift(backend, tiny_model_dir, db_target):
-    with _proxy(db_target, backend, tiny_model_dir, prefix=False) as proxy:
+def test_mode_off_renders_and_records_drift(backend, tiny_model_dir, tmp_path):
+    db = str(tmp_path / "runs.db")  # SQLite only: the DB side runs on both DBs in the tests above
+    with _proxy(db, backend, tiny_model_dir, prefix=False) as proxy:
         ids = _conversation(_client(proxy.url), 4)
-    calls = _calls(db_target)
+    calls = _calls(db)
     assert [c.id for c in calls] == ids
     drifts = []
     for prev, cur in zip(calls, calls[1:]):

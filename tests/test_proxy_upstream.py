@@ -100,8 +100,9 @@ def test_stream_records_the_same_as_non_stream(upstream, db_target):
     assert [t["function"]["name"] for t in streamed.tool_calls] == [t["function"]["name"] for t in plain.tool_calls] == ["lookup"]
 
 
-def test_completions_and_models_pass_through(upstream, tok, db_target):
-    with run_proxy(ProxyConfig(db=db_target, upstream=upstream, port=0)) as proxy:
+def test_completions_and_models_pass_through(upstream, tok, tmp_path):
+    db = str(tmp_path / "runs.db")  # SQLite only: the DB side runs on both DBs in the tests above
+    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0)) as proxy:
         client = _client(proxy.url)
         out = client.completions.create(model="m", prompt="The river", max_tokens=4)
         stream_text = "".join(c.choices[0].text for c in client.completions.create(
@@ -110,7 +111,7 @@ def test_completions_and_models_pass_through(upstream, tok, db_target):
         assert [m.id for m in client.models.list()] == ["standin"]
     assert out.choices[0].logprobs is None and out.choices[0].finish_reason == "length"
     assert len(lp.choices[0].logprobs.token_logprobs) == 4  # asked for: kept
-    a, b, c = _calls(db_target)
+    a, b, c = _calls(db)
     assert a.endpoint == "completions" and a.prompt_path == "raw"
     assert unpack_ids(a.prompt_ids).tolist() == tok.encode("The river")
     assert len(unpack_ids(a.completion_ids)) == 4 == len(unpack_logprobs(a.completion_logprobs))
@@ -134,10 +135,11 @@ def _tool_conversation(client: openai.OpenAI, turns: int) -> list[str]:
     return ids
 
 
-def test_mode_off_detects_and_records_drift(upstream, db_target):
-    with run_proxy(ProxyConfig(db=db_target, upstream=upstream, port=0)) as proxy:
+def test_mode_off_detects_and_records_drift(upstream, tmp_path):
+    db = str(tmp_path / "runs.db")  # SQLite only: the DB side runs on both DBs in the tests above
+    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0)) as proxy:
         ids = _tool_conversation(_client(proxy.url), 3)
-    calls = _calls(db_target)
+    calls = _calls(db)
     assert [c.id for c in calls] == ids and [c.seq for c in calls] == [0, 1, 2]
     assert calls[0].prefix_call_id is None and calls[0].drift is None
     for prev, cur in zip(calls, calls[1:]):
@@ -188,17 +190,18 @@ def test_upstream_failures_are_openai_errors_and_failed_records(upstream, db_tar
     assert calls[0].completion_ids is None
 
 
-def test_unreachable_upstream_is_a_502(db_target):
+def test_unreachable_upstream_is_a_502(tmp_path):
+    db = str(tmp_path / "runs.db")  # SQLite only: the DB side runs on both DBs in the tests above
     import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    with run_proxy(ProxyConfig(db=db_target, upstream=dead, port=0)) as proxy:
+    with run_proxy(ProxyConfig(db=db, upstream=dead, port=0)) as proxy:
         with pytest.raises(openai.APIStatusError) as err:
             _client(proxy.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert err.value.status_code == 502 and err.value.body["code"] == "upstream_unreachable"
-    (call,) = _calls(db_target)
+    (call,) = _calls(db)
     assert call.status == "error"
 
 

@@ -13,7 +13,6 @@ from harnessrl import tiny_model as tm
 def test_tokenizer_build_is_deterministic():
     a, b = tm.build_tokenizer(seed=0), tm.build_tokenizer(seed=0)
     assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
-    assert tm.build_tokenizer(seed=1).backend_tokenizer.to_str() != a.backend_tokenizer.to_str()
 
 
 def test_chat_template_renders_roles_tools_calls_and_think(tiny_model_dir):

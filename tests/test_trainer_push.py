@@ -127,3 +127,48 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
         assert [c["weight_version"] for c in calls if c["id"] == call_id] == ["round-1"]
     stats = json.loads((out / "stats.json").read_text())
     assert stats  # the compile step reported its statistics
+
+    # The other objectives on the same proxy-recorded rollouts: ≥ 2 optimizer steps each.
+    from trainer_fixtures import make_trainer, tiny_samples
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harnessrl.trainer.capo import CapoTrainer
+    from harnessrl.trainer.capo_partition import build_partition, write_outputs
+    from harnessrl.trainer.data import load_samples
+    from harnessrl.trainer.matpo import MatpoTrainer
+
+    # The tiny model's random replies make no tool calls, so the partition is probed on fixture samples.
+    probe = tiny_samples(tmp_path / "probe", tiny_model_dir)
+    part, report = build_partition(AutoModelForCausalLM.from_pretrained(tiny_model_dir), load_samples(probe).samples,
+                                   AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id)
+    write_outputs(part, report, tmp_path / "partition.pt")
+    capo = make_trainer(CapoTrainer, tiny_model_dir, out, algo="capo", partition=str(tmp_path / "partition.pt"), batch_size=4)
+    capo.train()
+    assert capo.state.global_step == 2
+    r = _harnessrl("compile", db, "--out", str(tmp_path / "matpo"), "--tokenizer", str(tiny_model_dir), "--advantage", "matpo")
+    assert r.returncode == 0, r.stderr[-2000:]
+    matpo = make_trainer(MatpoTrainer, tiny_model_dir, tmp_path / "matpo", algo="matpo", batch_size=4)
+    matpo.train()
+    assert matpo.state.global_step == 2
+
+
+def test_vllm_launcher_flags_and_missing_binary(tmp_path, monkeypatch):
+    from harnessrl.trainer.vllm import find_vllm, serve_command
+
+    cmd, env = serve_command("/opt/v/bin/vllm", "/models/m", port=8101, extra=["--max-model-len", "4096"])
+    joined = " ".join(cmd)
+    assert cmd[:3] == ["/opt/v/bin/vllm", "serve", "/models/m"]
+    assert "--tool-call-parser hermes" in joined and "--logprobs-mode processed_logprobs" in joined
+    assert joined.endswith("--max-model-len 4096") and env == {"VLLM_SERVER_DEV_MODE": "1"}
+    cmd, env = serve_command("/opt/v/bin/vllm", "/models/m", lora=True, max_lora_rank=32)
+    assert "--enable-lora" in cmd and cmd[cmd.index("--max-lora-rank") + 1] == "32"
+    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("HARNESSRL_VLLM_BIN", raising=False)
+    monkeypatch.setattr("harnessrl.trainer.vllm.DEFAULT_BINS", ())
+    with pytest.raises(UserError, match="no vLLM found"):
+        find_vllm(str(tmp_path / "missing"))
+    fake = tmp_path / "vllm"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert find_vllm(str(fake)) == str(fake)

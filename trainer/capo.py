@@ -30,7 +30,8 @@ from harnessrl.trainer.grpo import HarnessTrainer
 
 
 def unit_masks(model: torch.nn.Module, partition: Partition, which: str) -> dict[torch.nn.Parameter, torch.Tensor]:
-    """Element masks (0/1, the parameter's shape) covering the partition's units."""
+    """0/1 masks covering the partition's units, shaped to broadcast against each parameter
+    ((units, 1) for gate/up rows, (1, units) for down columns), so they cost O(units) memory."""
     modules = dict(model.named_modules())
     units = getattr(partition, which)
     masks: dict[torch.nn.Parameter, torch.Tensor] = {}
@@ -44,10 +45,10 @@ def unit_masks(model: torch.nn.Module, partition: Partition, which: str) -> dict
         if u.numel() != mlp.down_proj.weight.size(1):
             raise UserError(f"partition has {u.numel()} units in {name}, the model has {mlp.down_proj.weight.size(1)}")
         for proj in (mlp.gate_proj, mlp.up_proj):
-            masks[proj.weight] = u[:, None].expand_as(proj.weight).contiguous()
+            masks[proj.weight] = u[:, None]
             if proj.bias is not None:
-                masks[proj.bias] = u.clone()
-        masks[mlp.down_proj.weight] = u[None, :].expand_as(mlp.down_proj.weight).contiguous()
+                masks[proj.bias] = u
+        masks[mlp.down_proj.weight] = u[None, :]
     return masks
 
 
@@ -62,8 +63,9 @@ class CapoTrainer(HarnessTrainer):
         m_act, m_args = unit_masks(model, self.partition, "act"), unit_masks(model, self.partition, "args")
         routed = [p for p in model.parameters() if p.requires_grad and (gamma > 0 or p in m_act)]
         # M' = M + γ(1 − M); a parameter outside every partition has M = 0, so M' = γ.
+        none = torch.zeros(())
         self.routes = [
-            (p, m_act.get(p, torch.zeros_like(p)) * (1 - gamma) + gamma, m_args.get(p, torch.zeros_like(p)) * (1 - gamma) + gamma)
+            (p, m_act.get(p, none.to(p.device)) * (1 - gamma) + gamma, m_args.get(p, none.to(p.device)) * (1 - gamma) + gamma)
             for p in routed
         ]
         if gamma == 0 and not cfg.capo_other:
@@ -79,6 +81,7 @@ class CapoTrainer(HarnessTrainer):
         self._touched: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._saved: dict[torch.nn.Parameter, torch.Tensor] = {}
         super().__init__(model, cfg, data, tokenizer, args=args, peft_config=peft_config, callbacks=callbacks)
+        self.routes = [(p, ma.to(p.device), mb.to(p.device)) for p, ma, mb in self.routes]  # the model may have moved
 
     def _keep_hidden(self, _module, _args, output) -> None:
         self._hidden = output if output.requires_grad else None

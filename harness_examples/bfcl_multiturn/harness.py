@@ -17,6 +17,7 @@ from harnessrl.harness_examples.chat import (
     chat,
     harnessrl_client,
     make_client,
+    resolve_model,
     tool_message,
 )
 
@@ -25,7 +26,7 @@ SYSTEM = "You are an assistant that completes the user's requests by calling the
 
 @dataclass
 class BfclConfig:
-    model: str = "default"
+    model: str | None = None  # None: the model the proxy serves
     max_steps_per_turn: int = 5  # BFCL itself allows 20; a step is one model call
     max_tokens: int = 256
     temperature: float = 1.0
@@ -52,6 +53,7 @@ def run_rollout(hrl: HarnessRL | str, task: BfclTask, cfg: BfclConfig | None = N
         client = make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent")
         messages: list[dict] = [{"role": "system", "content": SYSTEM}]
         try:
+            model = resolve_model(client, cfg.model)
             for turn, gt_calls in enumerate(task.ground_truth):
                 docs = function_docs(task, turn)
                 tools, allowed = openai_tools(docs), {d["name"] for d in docs}
@@ -59,7 +61,7 @@ def run_rollout(hrl: HarnessRL | str, task: BfclTask, cfg: BfclConfig | None = N
                 made_call = False
                 for _ in range(cfg.max_steps_per_turn):
                     counts["model_calls"] += 1
-                    reply = chat(client, cfg.model, messages, tools, max_tokens=cfg.max_tokens,
+                    reply = chat(client, model, messages, tools, max_tokens=cfg.max_tokens,
                                  temperature=cfg.temperature)
                     messages.append(reply.message)
                     if not reply.tool_calls:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from harnessrl.client import HarnessRL
 from harnessrl.errors import UserError
-from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client
+from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client, make_client, resolve_model
 from harnessrl.harness_examples.fictional_world import QA
 from harnessrl.harness_examples.search_task import SearchEnv, score
 from harnessrl.harness_examples.text_metrics import extract_answer
@@ -24,7 +24,7 @@ SYSTEM = (
 
 @dataclass
 class LangGraphConfig:
-    model: str = "default"
+    model: str | None = None  # None: the model the proxy serves
     max_turns: int = 6  # agent steps; LangGraph's recursion limit is derived from it
     max_tokens: int = 256
     temperature: float = 1.0
@@ -56,6 +56,14 @@ def build_graph(llm, env: SearchEnv):
     return graph.compile()
 
 
+def served_model(base_url: str) -> str:
+    client = make_client(base_url, "harnessrl")
+    try:
+        return resolve_model(client, None)
+    finally:
+        client.close()
+
+
 def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: LangGraphConfig | None = None, *,
                 group_id: str | None = None, run: str | None = None) -> RolloutResult:
     try:
@@ -67,7 +75,8 @@ def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: LangGraphCo
     cfg = cfg or LangGraphConfig()
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "langgraph_search"}) as ro:
-        llm = ChatOpenAI(base_url=ro.base_url("agent"), api_key=f"hrl-{ro.id}-agent", model=cfg.model,
+        model = cfg.model or served_model(ro.base_url("agent"))
+        llm = ChatOpenAI(base_url=ro.base_url("agent"), api_key=f"hrl-{ro.id}-agent", model=model,
                          max_tokens=cfg.max_tokens, temperature=cfg.temperature, max_retries=0)
         graph = build_graph(llm, env)
         answer, error, messages = "", None, []

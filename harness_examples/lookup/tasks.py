@@ -52,7 +52,7 @@ class LookupTask:
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "input": self.messages(), "reference": self.value,
                 "reference_calls": [{"name": "lookup", "arguments": {"key": self.key}}],
-                "expert_trace": self.expert_trace(), "meta": {"harness": "lookup", "key": self.key}}
+                "expert_trace": self.expert_trace(), "tools": [LOOKUP_TOOL], "meta": {"harness": "lookup", "key": self.key}}
 
 
 def generate(n: int, seed: int = 0, prefix: str = "lookup") -> list[LookupTask]:

@@ -18,6 +18,7 @@ from harnessrl.harness_examples.chat import (
     chat,
     harnessrl_client,
     make_client,
+    resolve_model,
     run_tool,
     tool_message,
 )
@@ -54,7 +55,7 @@ DISPATCH_TOOL = {
 
 @dataclass
 class PlannerWorkerConfig:
-    model: str = "default"
+    model: str | None = None  # None: the model the proxy serves
     max_planner_turns: int = 4
     max_worker_turns: int = 3
     max_tokens: int = 256
@@ -69,11 +70,12 @@ class _Episode:
     def __init__(self, ro, env: SearchEnv, task: QA, cfg: PlannerWorkerConfig) -> None:
         self.ro, self.env, self.task, self.cfg = ro, env, task, cfg
         self.workers = 0
+        self.model = cfg.model
         self.counts = {"model_calls": 0, "tool_calls": 0, "tool_errors": 0}
 
     def _chat(self, client, messages, tools):
         self.counts["model_calls"] += 1
-        return chat(client, self.cfg.model, messages, tools, max_tokens=self.cfg.max_tokens,
+        return chat(client, self.model, messages, tools, max_tokens=self.cfg.max_tokens,
                     temperature=self.cfg.temperature)
 
     def _count(self, ok: bool) -> None:
@@ -113,6 +115,7 @@ class _Episode:
                              {"X-HarnessRL-Session": "planner"})
         messages = [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": self.task.question}]
         try:
+            self.model = resolve_model(client, self.cfg.model)
             for turn_no in range(self.cfg.max_planner_turns):
                 turn = self._chat(client, messages, [DISPATCH_TOOL])
                 messages.append(turn.message)

@@ -13,6 +13,7 @@ from harnessrl.harness_examples.chat import (
     chat,
     harnessrl_client,
     make_client,
+    resolve_model,
     run_tool,
     tool_message,
 )
@@ -28,7 +29,7 @@ SYSTEM = (
 
 @dataclass
 class ReactConfig:
-    model: str = "default"
+    model: str | None = None  # None: the model the proxy serves
     max_turns: int = 6
     max_tokens: int = 256
     temperature: float = 1.0
@@ -46,9 +47,10 @@ def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: ReactConfig
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.question}]
         answer, error = "", None
         try:
+            model = resolve_model(client, cfg.model)
             for _ in range(cfg.max_turns):
                 counts["model_calls"] += 1
-                turn = chat(client, cfg.model, messages, [SEARCH_TOOL, CALCULATOR_TOOL],
+                turn = chat(client, model, messages, [SEARCH_TOOL, CALCULATOR_TOOL],
                             max_tokens=cfg.max_tokens, temperature=cfg.temperature)
                 messages.append(turn.message)
                 if not turn.tool_calls:

@@ -1,0 +1,133 @@
+"""`harnessrl sft`: plain supervised fine-tuning on expert traces (the warm start before RL).
+
+A task line (the `harnessrl tasks import` format, plus optional `tools`: the schemas the harness
+sends) becomes one sequence: the task's input messages followed by the expert's messages,
+rendered with the model's own chat template. As in PACT's component-aware SFT, only what the
+model itself would generate is a target — reasoning, complete tool-call spans (weight
+`call_weight`), the final answer and its end-of-turn token; prompts and tool observations get
+weight 0. The loss is Σ w·nll / Σ w over the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import UserError
+
+
+@dataclass
+class SftConfig:
+    tasks: str
+    model: str
+    out: str
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    call_weight: float = 1.0  # λ_a on complete tool-call spans (PACT anneals it; warm start keeps it fixed)
+    seed: int = 0
+
+
+def read_sft_tasks(path: str | Path) -> list[tuple[list[dict], list[dict], list[dict] | None]]:
+    """(input messages, expert messages, tools) for every line with an expert trace."""
+    from harnessrl.compiler.tasks import parse_line
+    from harnessrl.trainer.pact import task_messages
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"tasks file not found: {path}")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = parse_line(line, f"{path}:{n}")
+        if row.expert_trace:
+            tools = json.loads(line).get("tools")
+            rows.append((task_messages(row.input), row.expert_trace, tools))
+    if not rows:
+        raise UserError(f"{path}: no task has an expert_trace to fine-tune on")
+    return rows
+
+
+def weighted_sequence(tokenizer, prompt: list[dict], expert: list[dict], tools: list[dict] | None,
+                      call_weight: float) -> tuple[list[int], list[float]]:
+    """Token ids of the whole conversation and a weight per token (0 outside assistant turns)."""
+    messages = prompt + expert
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    spans: list[tuple[int, int, float]] = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant" or i < len(prompt):
+            continue
+        # The assistant turn is what rendering messages[:i+1] adds after the generation prompt of messages[:i].
+        before = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
+        if not (text.startswith(before) and text.startswith(upto)):
+            raise UserError("the chat template does not render the conversation incrementally; cannot locate assistant turns")
+        start, end = len(before), len(upto.rstrip("\n"))
+        spans.append((start, end, 1.0))
+        call_at = text.find("<tool_call>", start, end)
+        if call_at >= 0:
+            spans.append((call_at, end, call_weight))
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    weights = []
+    for a, b in enc["offset_mapping"]:
+        inside = [w for s, e, w in spans if a < e and b > s]
+        weights.append(inside[-1] if inside else 0.0)  # the innermost (latest) span decides
+    return list(enc["input_ids"]), weights
+
+
+def sft(cfg: SftConfig) -> Path:
+    import torch
+    from rich.progress import Progress
+
+    from harnessrl.trainer.run import load_model
+
+    rows = read_sft_tasks(cfg.tasks)
+    model, tokenizer = load_model(cfg.model)
+    seqs = [weighted_sequence(tokenizer, p, e, t, cfg.call_weight) for p, e, t in rows]
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model.train()
+    pad = tokenizer.pad_token_id
+    with Progress() as progress:
+        bar = progress.add_task("sft", total=cfg.steps)
+        for step in range(cfg.steps):
+            batch = [seqs[rng.randrange(len(seqs))] for _ in range(cfg.batch_size)]
+            width = max(len(ids) for ids, _ in batch)
+            ids = torch.tensor([s + [pad] * (width - len(s)) for s, _ in batch])
+            w = torch.tensor([ws + [0.0] * (width - len(ws)) for _, ws in batch])
+            attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in batch])
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            target_w = w[:, 1:]
+            loss = (nll * target_w).sum() / target_w.sum().clamp_min(1e-8)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            progress.update(bar, advance=1, description=f"sft loss {loss.item():.3f}")
+    model.eval()
+    out = Path(cfg.out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def sft_loss(model, tokenizer, seqs: list[tuple[list[int], list[float]]]) -> float:
+    """Mean weighted NLL of the sequences (to check that fine-tuning lowers it)."""
+    import torch
+
+    total, weight = 0.0, 0.0
+    with torch.no_grad():
+        for ids, ws in seqs:
+            x = torch.tensor([ids])
+            logits = model(input_ids=x).logits[0, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")
+            w = torch.tensor(ws[1:])
+            total += float((nll * w).sum())
+            weight += float(w.sum())
+    return total / max(weight, 1e-8)
