@@ -24,7 +24,9 @@ LOOKUP_TOOL = {
 _KEYS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
          "river city country book author company planner worker engine ticket flight vehicle stock price "
          "message file directory number string search result answer question summary").split()
-_VALUES = ("red blue green amber violet silver golden black white orange").split()
+# One-word values: a policy that cannot yet copy the tool's answer still guesses right one time in
+# len(_VALUES), so the reward has variance for RL from the start.
+_VALUES = "red blue green amber violet silver golden black white orange".split()
 
 
 @dataclass
@@ -61,7 +63,7 @@ def generate(n: int, seed: int = 0, prefix: str = "lookup") -> list[LookupTask]:
     if n > len(_KEYS):
         raise UserError(f"at most {len(_KEYS)} lookup tasks can be generated, asked for {n}")
     keys = rng.sample(_KEYS, n)
-    return [LookupTask(f"{prefix}-{i}", k, f"{rng.choice(_VALUES)} {rng.randint(0, 9)}") for i, k in enumerate(keys)]
+    return [LookupTask(f"{prefix}-{i}", k, rng.choice(_VALUES)) for i, k in enumerate(keys)]
 
 
 def write(tasks: list[LookupTask], path: str | Path) -> Path:
