@@ -128,6 +128,7 @@ def main() -> None:
         for runner in runners.values():
             runner.step(record=r >= 2)
     results = {name: (statistics.median(x.times), x.mem) for name, x in runners.items()}
+    batches = {"trl GRPOTrainer": trl_batch, "grpo": batch, "matpo": batch, "capo": batch, "pact": pact_batch}
 
     from rich.console import Console
     from rich.table import Table
@@ -136,13 +137,17 @@ def main() -> None:
     targets = {"grpo": 1.05, "matpo": None, "capo": 1.8, "pact": 2.2}
     table = Table(title=f"train step on {device}, {n} samples, {int(batch['completion_mask'].sum())} completion tokens "
                         f"(pact: {int(pact_batch['gate'].eq(0).sum())} of {n} rows on the trace)")
-    for col in ("objective", "step ms", "time ×", "target ×", "memory", "memory ×"):
+    def tokens(b) -> int:  # tokens forwarded per step (PACT: privileged prompts and SFT sequences too)
+        return int(b["prompt_mask"].sum() + b["completion_mask"].sum() + (b["sft_mask"].sum() if "sft_mask" in b else 0))
+
+    for col in ("objective", "step ms", "time ×", "target ×", "memory", "memory ×", "tokens ×"):
         table.add_column(col, justify="right")
     unit = "MiB" if device == "cuda" else "MiB saved"
     for name, (t, m) in results.items():
         tgt = targets.get(name)
-        table.add_row(name, f"{t * 1e3:.1f}", f"{t / t0:.2f}", "" if tgt is None else f"≤ {tgt}", f"{m / 2**20:.2f} {unit}", f"{m / m0:.2f}")
-    Console().print(table)
+        table.add_row(name, f"{t * 1e3:.1f}", f"{t / t0:.2f}", "" if tgt is None else f"≤ {tgt}", f"{m / 2**20:.2f} {unit}",
+                      f"{m / m0:.2f}", f"{tokens(batches[name]) / tokens(trl_batch):.2f}")
+    Console(width=140).print(table)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def _tool_round(rng: random.Random, tools: list[dict]) -> list[dict]:
     answer = rng.choice(["The result is {r}.", "It is {r}.", "{r}.", "The answer is {r}."]).format(r=result)
     return [
         {"role": "user", "content": _question(rng, subject)},
-        _assistant(rng, f"I should call {fn['name']}.", f"<tool_call>\n{call}\n</tool_call>"),
+        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
         {"role": "tool", "content": json.dumps({"result": result}) if rng.random() < 0.5 else result},
         _assistant(rng, "The tool answered.", answer),
     ]
@@ -205,8 +205,48 @@ def _training_batches(tokenizer, seed: int, n: int, batch_size: int):
     return out
 
 
-def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: float = 5e-3) -> None:
-    """Teach the random model the chat format (tool calls, answers, EOS) with a short fixed run."""
+_PROBE_TOOLS = [{"type": "function", "function": {
+    "name": DEFAULT_TOOL, "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+
+
+def _probes_pass(model, tokenizer) -> bool:
+    """The behaviour the imprint is for, checked greedily: a question with DEFAULT_TOOL given gets
+    a call of it, a tool result gets a text answer; both end with EOS within 40 tokens."""
+    import torch
+
+    from harnessrl.proxy.toolparse import parse_hermes
+
+    def greedy(messages: list[dict]) -> tuple[str, bool]:
+        ids = tokenizer.apply_chat_template(messages, tools=_PROBE_TOOLS, add_generation_prompt=True, return_dict=False)
+        eos = model.generation_config.eos_token_id
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
+        return tokenizer.decode(out[:-1], skip_special_tokens=False), out[-1] in eos
+
+    model.eval()
+    try:
+        for question in ("What is the capital of france?", "Search for the capital of spain, then answer."):
+            text, ended = greedy([{"role": "user", "content": question}])
+            content, calls = parse_hermes(text)
+            if not ended or [c["function"]["name"] for c in calls] != [DEFAULT_TOOL]:
+                return False
+            result = [{"role": "user", "content": question},
+                      {"role": "assistant", "content": content, "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Paris 42"}]
+            text, ended = greedy(result)
+            if not ended or parse_hermes(text)[1] or not text.strip():
+                return False
+        return True
+    finally:
+        model.train()
+
+
+def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: float = 5e-3) -> int:
+    """Teach the random model the chat format (tool calls, answers, EOS) with a fixed seeded run;
+    from step 60 it stops at the first 20-step mark where the greedy probes pass. Returns the
+    steps taken."""
     import torch
     import torch.nn.functional as F
 
@@ -215,7 +255,8 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
     warmup = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps))
     model.train()
-    for step in range(steps):
+    step = 0
+    while step < steps:
         ids, labels = batches[step % len(batches)]
         hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
         targets = labels[:, 1:]
@@ -227,13 +268,17 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        step += 1
+        if step >= 60 and step % 20 == 0 and _probes_pass(model, tokenizer):
+            break
     model.eval()
+    return step
 
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     steps: int = 240) -> Path:
+                     steps: int = 300) -> Path:
     """Write tokenizer + tiny imprinted Qwen2 model to `out_dir`; returns the path.
-    `steps=0` leaves the weights random."""
+    `steps` caps the imprint (it stops early once its probes pass); 0 leaves the weights random."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -260,11 +305,11 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, 
     try:
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+        model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, do_sample=True)
         if steps:
             _imprint(model, tokenizer, seed, steps)
     finally:
         torch.set_num_threads(threads)
-    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, do_sample=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -1,8 +1,9 @@
 """The proxy's FastAPI app: OpenAI endpoints (also under /r/{rollout}/a/{agent}/v1), the
 rollout API and the weights endpoint.
 
-The OpenAI endpoints are plain Starlette routes (no pydantic request model): they are the hot
-path, and their bodies are checked by hand so any malformed request gets an OpenAI error.
+The OpenAI POST endpoints are the hot path: `ProxyApp` hands them straight to their handler
+(no FastAPI middleware, routing or pydantic model; bodies are checked by hand so any malformed
+request gets an OpenAI error). Everything else goes through FastAPI.
 """
 
 from __future__ import annotations
@@ -130,8 +131,6 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
             engine.dispose()
 
     app = FastAPI(title="harnessrl proxy", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
-    app.state.engine = engine
-    app.state.proxy = state
 
     # ---- errors: always OpenAI-shaped --------------------------------------------------
     @app.exception_handler(ProxyError)

@@ -38,3 +38,17 @@ def test_group_of_rollouts(tiny_model_dir, tmp_path):
             rewards = s.scalars(select(Reward).where(Reward.rollout_id == r.rollout_id)).all()
             assert [(x.kind, x.value) for x in rewards] == [("outcome", pytest.approx(score(r.answer, task)["f1"]))]
     assert results[0].rollout_id != results[1].rollout_id
+
+
+def test_a_refused_call_ends_the_episode_not_the_harness(tiny_model_dir, tmp_path):
+    """A call the backend refuses (here: more tokens than the model's context) stops the rollout
+    with the server's message; the outcome 0 is still reported and the rollout finished."""
+    db = str(tmp_path / "runs.db")
+    tasks = load_search_tasks(seed=1, n_tasks=1)
+    with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0)) as p:
+        result = run_rollout(p.url, tasks.env, tasks.tasks[0], ReactConfig(max_tokens=10_000_000))
+    assert "maximum context length" in result.error and result.outcome == 0.0 and result.metrics["model_calls"] == 1
+    _, make_session = open_db(db)
+    with make_session() as s:
+        assert s.get(Rollout, result.rollout_id).status == "finished"
+        assert [r.value for r in s.scalars(select(Reward).where(Reward.rollout_id == result.rollout_id))] == [0.0]

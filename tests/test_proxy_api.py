@@ -20,8 +20,18 @@ MSG = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def upstream(tiny_model_dir):
-    with run_standin(str(tiny_model_dir)) as url:
+def tokenizer_dir(tmp_path_factory):
+    """The tiny tokenizer alone (the stand-in needs no model weights)."""
+    from harnessrl.tiny_model import build_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def upstream(tokenizer_dir):
+    with run_standin(str(tokenizer_dir)) as url:
         yield url
 
 

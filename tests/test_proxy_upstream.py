@@ -23,14 +23,24 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "loo
 
 
 @pytest.fixture(scope="module")
-def upstream(tiny_model_dir):
-    with run_standin(str(tiny_model_dir)) as url:
+def tokenizer_dir(tmp_path_factory):
+    """The tiny tokenizer alone (the stand-in needs no model weights)."""
+    from harnessrl.tiny_model import build_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def upstream(tokenizer_dir):
+    with run_standin(str(tokenizer_dir)) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
+def tok(tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def _calls(db: str) -> list[Call]:
@@ -150,8 +160,8 @@ def test_mode_off_detects_and_records_drift(upstream, tmp_path):
         assert cur.drift is True
 
 
-def test_prefix_mode_sends_exact_ids_to_the_upstream(upstream, tiny_model_dir, db_target):
-    cfg = ProxyConfig(db=db_target, upstream=upstream, port=0, prefix=True, tokenizer=str(tiny_model_dir))
+def test_prefix_mode_sends_exact_ids_to_the_upstream(upstream, tokenizer_dir, db_target):
+    cfg = ProxyConfig(db=db_target, upstream=upstream, port=0, prefix=True, tokenizer=str(tokenizer_dir))
     with run_proxy(cfg) as proxy:
         client = _client(proxy.url)
         ids = _tool_conversation(client, 4)

@@ -89,12 +89,12 @@ class CapoTrainer(HarnessTrainer):
     # -- loss terms -----------------------------------------------------------------------------
     def terms(self, model, inputs) -> dict[str, torch.Tensor]:
         logps, entropy = self.policy_logps(model, inputs)
-        per_token, _ = self.per_token_loss(logps, inputs)
+        per_token, old = self.per_token_loss(logps, inputs)
         mask, cls = inputs["loss_mask"], inputs["token_class"]
         m_act = mask * (cls == ACTION)
         m_args = mask * (cls == ARGS)
         m_other = mask - m_act - m_args
-        self._log("entropy", aggregate(entropy.detach(), mask, "token_mean"))
+        self.log_token_stats(logps, old, entropy, inputs)
         return {
             "act": aggregate(per_token, m_act, "token_mean"),
             "args": aggregate(per_token, m_args, "token_mean"),

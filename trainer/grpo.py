@@ -138,10 +138,13 @@ class HarnessTrainer(GRPOTrainer):
         """Loss terms for one micro-batch; "loss" is what is minimised (before accumulation scaling)."""
         logps, entropy = self.policy_logps(model, inputs)
         per_token, old = self.per_token_loss(logps, inputs)
+        self.log_token_stats(logps, old, entropy, inputs)
+        return {"loss": self.aggregate(per_token, inputs["loss_mask"], inputs)}
+
+    def log_token_stats(self, logps: torch.Tensor, old: torch.Tensor, entropy: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
         mask = inputs["loss_mask"]
         self._log("entropy", aggregate(entropy.detach(), mask, "token_mean"))
         self._log("clip_ratio", clip_fraction(logps, old, inputs["advantages"], mask, self.epsilon_low, self.epsilon_high))
-        return {"loss": self.aggregate(per_token, mask, inputs)}
 
     def _compute_loss(self, model, inputs):
         terms = self.objective(model, inputs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
+
 from harnessrl.errors import UserError
 from harnessrl.trainer.data import Dataset, aggregate
 from harnessrl.trainer.grpo import HarnessTrainer
@@ -34,16 +36,14 @@ class MatpoTrainer(HarnessTrainer):
 
     def build_batch(self, samples):
         batch = super().build_batch(samples)
-        import torch
-
         batch["agent_index"] = torch.tensor([self._agents.index(s.agent or "unknown") for s in samples], device=batch["loss_mask"].device)
         return batch
 
     def objective(self, model, inputs):
         logps, entropy = self.policy_logps(model, inputs)
-        per_token, _ = self.per_token_loss(logps, inputs)
+        per_token, old = self.per_token_loss(logps, inputs)
         mask = inputs["loss_mask"]
-        self._log("entropy", aggregate(entropy.detach(), mask, "token_mean"))
+        self.log_token_stats(logps, old, entropy, inputs)
         terms = {"loss": aggregate(per_token, mask, "token_mean")}
         for i, agent in enumerate(self._agents):
             role = mask * (inputs["agent_index"] == i)[:, None]

@@ -228,13 +228,13 @@ class PactTrainer(HarnessTrainer):
 
     def objective(self, model, inputs):
         logps, entropy = self.policy_logps(model, inputs)
-        per_token, _ = self.per_token_loss(logps, inputs)
+        per_token, old = self.per_token_loss(logps, inputs)
         mask, g = inputs["loss_mask"], inputs["gate"][:, None]
+        self.log_token_stats(logps, old, entropy, inputs)
         rl = self.aggregate(per_token, mask, inputs)
         sft = self.sft_losses(model, inputs)
         n_tasks = int(inputs["task_index"].unique().numel())
         sft_term = sft.sum() / n_tasks if sft.numel() else torch.zeros((), device=rl.device)
-        self._log("entropy", aggregate(entropy.detach(), mask, "token_mean"))
         self._log("pact/anchor_fraction", inputs["gate"].mean())
         lam, level = self.schedule()
         self._log("pact/lambda_a", lam)
