@@ -276,7 +276,7 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
 
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     steps: int = 300) -> Path:
+                     steps: int = 160) -> Path:
     """Write tokenizer + tiny imprinted Qwen2 model to `out_dir`; returns the path.
     `steps` caps the imprint (it stops early once its probes pass); 0 leaves the weights random."""
     import torch

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def tiny_model_dir() -> Path:
     with FileLock(str(out) + ".lock"):
         if not (out / "config.json").exists():
             tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)  # a half-written build from a killed run
             build_tiny_model(tmp)
             tmp.rename(out)
     return out

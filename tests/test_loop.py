@@ -1,0 +1,102 @@
+"""`harnessrl loop` end to end on the tiny model, and its resume after a killed round;
+`harnessrl sft` on expert traces of the lookup family."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from sqlalchemy import select
+
+from harnessrl.db import open_db
+from harnessrl.records import Rollout, WeightVersion
+
+LOOP = [sys.executable, "-m", "harnessrl"]
+
+
+def _loop_cmd(model: Path, out: Path, rounds: int) -> list[str]:
+    return LOOP + ["loop", "--harness", "lookup", "--model", str(model), "--out", str(out), "--rounds", str(rounds),
+                   "--group", "2", "--n-tasks", "3", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4",
+                   "--concurrency", "4"]
+
+
+def _state(out: Path) -> dict:
+    path = out / "loop_state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_loop_runs_rounds_and_resumes_after_a_killed_round(tiny_model_dir, tmp_path):
+    out = tmp_path / "loop"
+    env = {**os.environ, "COLUMNS": "200"}
+    first = subprocess.run(_loop_cmd(tiny_model_dir, out, 1), capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    state = _state(out)
+    assert [r["round"] for r in state["rounds"]] == [0] and state["attempts"] == 1
+    assert (out / "curves.png").stat().st_size > 0
+
+    # Round 1: kill the loop once its attempt has started (state written, rollouts under way).
+    proc = subprocess.Popen(_loop_cmd(tiny_model_dir, out, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    deadline = time.time() + 300
+    while _state(out).get("attempts") != 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = _state(out)
+    assert killed["attempts"] == 2 and len(killed["rounds"]) == 1  # died inside round 1
+
+    resumed = subprocess.run(_loop_cmd(tiny_model_dir, out, 2), capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming after round 0" in resumed.stdout
+    state = _state(out)
+    assert [r["round"] for r in state["rounds"]] == [0, 1] and state["attempts"] == 3
+    assert state["model"] == state["rounds"][1]["checkpoint"]
+
+    # Round 1 trained on its own (third) attempt only: the killed attempt's records are not in the samples.
+    samples = pq.read_table(out / "round-1-a3" / "samples" / "samples.parquet").to_pydict()
+    _, Session = open_db(str(out / "runs.db"))
+    with Session() as s:
+        runs = {r.id: r.run for r in s.scalars(select(Rollout))}
+        versions = s.scalars(select(WeightVersion.version)).all()
+    assert {runs[r] for r in samples["rollout_id"]} == {"round-1-a3"}
+    assert len(samples["rollout_id"]) >= 2 * 2  # 2 training tasks × group 2, at least one sample each
+    assert [r["version"] for r in state["rounds"]] == [v for v in versions if v in {r["version"] for r in state["rounds"]}]
+    assert len(versions) == 2  # one push per finished round
+
+
+def test_loop_bad_input_is_one_line(tmp_path):
+    res = subprocess.run(LOOP + ["loop", "--harness", "nope", "--model", str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "error" in res.stderr
+
+
+def test_sft_targets_only_what_the_model_generates_and_lowers_the_loss(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harnessrl.harness_examples.lookup import tasks as lookup_tasks
+    from harnessrl.trainer.sft import SftConfig, read_sft_tasks, sft, sft_loss, weighted_sequence
+
+    tasks = lookup_tasks.write(lookup_tasks.generate(6, seed=1), tmp_path / "t.jsonl")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = read_sft_tasks(tasks)
+    ids, weights = weighted_sequence(tok, *rows[0], call_weight=0.5)
+    # Weighted text = the expert's two assistant turns; prompt, tool schema and observation are not targets.
+    picked = tok.decode([i for i, w in zip(ids, weights) if w > 0])
+    key, value = lookup_tasks.read(tasks)[0].key, lookup_tasks.read(tasks)[0].value
+    assert picked.startswith(f"I look up the key {key}.")
+    assert f'"arguments": {{"key": "{key}"}}' in picked and f"<answer>{value}</answer><|im_end|>" in picked
+    assert "What value is stored" not in picked and "<tool_response>" not in picked
+    call_tokens = {w for i, w in zip(ids, weights) if w > 0 and "lookup" in tok.decode([i])}
+    assert call_tokens == {0.5}  # the tool-call span carries call_weight
+
+    seqs = [weighted_sequence(tok, *r, call_weight=1.0) for r in rows]
+    before = sft_loss(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tok, seqs)
+    out = sft(SftConfig(tasks=str(tasks), model=str(tiny_model_dir), out=str(tmp_path / "warm"), steps=8, batch_size=4))
+    after = sft_loss(AutoModelForCausalLM.from_pretrained(out), tok, seqs)
+    assert after < before
