@@ -1,4 +1,4 @@
-"""Sub-commands of the trainer: `train`, `capo-partition`, `vllm`."""
+"""Sub-commands of the trainer: `train`, `capo-partition`, `vllm`, `sft`."""
 
 from __future__ import annotations
 
@@ -100,3 +100,21 @@ def register(app: typer.Typer) -> None:
             print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
             return
         run_vllm(cmd, env)
+
+    @app.command("sft")
+    def sft_cmd(
+        tasks: Path = typer.Argument(..., help="Task JSONL with expert traces (the `harnessrl tasks import` format, plus optional `tools`)."),
+        model: str = typer.Option(..., "--model", help="Model directory to start from."),
+        out: Path = typer.Option(Path("sft-model"), "--out", help="Directory for the fine-tuned model."),
+        steps: int = typer.Option(200, "--steps", help="Optimizer steps."),
+        batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
+        lr: float = typer.Option(3e-3, "--lr"),
+        call_weight: float = typer.Option(1.0, "--call-weight", help="Loss weight of complete tool-call spans."),
+        seed: int = typer.Option(0, "--seed"),
+    ) -> None:
+        """Supervised warm start on expert traces (targets: the expert's reasoning, tool calls and answers)."""
+        from harnessrl.trainer.sft import SftConfig, sft
+
+        path = sft(SftConfig(tasks=str(tasks), model=model, out=str(out), steps=steps, batch_size=batch_size, lr=lr,
+                             call_weight=call_weight, seed=seed))
+        Console().print(f"fine-tuned model written to [bold]{path}[/bold]")
