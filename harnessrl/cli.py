@@ -25,7 +25,6 @@ _PARTS = (
     "harnessrl.proxy.cli",
     "harnessrl.compiler.cli",
     "harnessrl.trainer.cli",
-    "harnessrl.harness_examples.cli",
 )
 
 
