@@ -72,3 +72,22 @@ def db_target(request, tmp_path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "runs.db")
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    """The tiny tokenizer alone (the vLLM stand-in needs no model weights)."""
+    from harnessrl.tiny_model import build_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def upstream(tokenizer_dir):
+    """A vLLM stand-in server (tests/vllm_standin.py) on a real socket."""
+    from vllm_standin import run_standin
+
+    with run_standin(str(tokenizer_dir)) as url:
+        yield url

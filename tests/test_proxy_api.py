@@ -14,25 +14,9 @@ from harnessrl.client import HarnessRL, HarnessRLError
 from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call, Reward, Rollout, WeightVersion
-from vllm_standin import run_standin
+
 
 MSG = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    """The tiny tokenizer alone (the stand-in needs no model weights)."""
-    from harnessrl.tiny_model import build_tokenizer
-
-    out = tmp_path_factory.mktemp("tok")
-    build_tokenizer().save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def upstream(tokenizer_dir):
-    with run_standin(str(tokenizer_dir)) as url:
-        yield url
 
 
 def _session(db: str):

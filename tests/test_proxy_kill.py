@@ -16,29 +16,13 @@ from sqlalchemy import select
 
 from harnessrl.db import open_db
 from harnessrl.records import Call
-from vllm_standin import run_standin
+
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    """The tiny tokenizer alone (the stand-in needs no model weights)."""
-    from harnessrl.tiny_model import build_tokenizer
-
-    out = tmp_path_factory.mktemp("tok")
-    build_tokenizer().save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def upstream(tokenizer_dir):
-    with run_standin(str(tokenizer_dir)) as url:
-        yield url
 
 
 def test_sigkill_mid_load_loses_no_answered_call(upstream, db_target):

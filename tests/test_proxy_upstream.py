@@ -15,27 +15,11 @@ from transformers import AutoTokenizer
 from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call, unpack_ids, unpack_logprobs
-from vllm_standin import WEIGHT_VERSION, run_standin
+from vllm_standin import WEIGHT_VERSION
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look a key up",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
                                                           "required": ["key"]}}}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    """The tiny tokenizer alone (the stand-in needs no model weights)."""
-    from harnessrl.tiny_model import build_tokenizer
-
-    out = tmp_path_factory.mktemp("tok")
-    build_tokenizer().save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def upstream(tokenizer_dir):
-    with run_standin(str(tokenizer_dir)) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
