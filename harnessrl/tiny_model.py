@@ -49,8 +49,9 @@ _SUBJECTS = (
 ).split()
 # The tool and parameter names the model is taught. A tool call names the first given tool and
 # its first required parameter, but a model this small trained for seconds does not learn to
-# copy names from its prompt: it picks a name from these, most often DEFAULT_TOOL. Harnesses that
-# want a greedy tool call of a tool they gave should give DEFAULT_TOOL (parameter "query").
+# copy names from its prompt: it picks a name from these, most often DEFAULT_TOOL (half of the
+# training chats give it first). Harnesses that want a greedy tool call of a tool they gave
+# should give DEFAULT_TOOL (parameter "query").
 TOOL_NAMES = (
     "lookup search web_search calculator add multiply get_weather get_time get_price get_stock_price "
     "read_file write_file list_files send_message send_email translate fetch_news book_flight "
@@ -144,15 +145,16 @@ def _chat_texts(seed: int, n: int) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    # Merges may cross spaces, so the template's fixed sentences become a few tokens (short
-    # prompts make the imprint cheap); lines and JSON punctuation runs stay apart, so a name
-    # between `"name": "` and `", "` is split the same way in a tool schema and in a tool call.
+    # Exactly the pipeline transformers' Qwen2Tokenizer rebuilds when it loads this directory
+    # (it ignores a saved pre-tokenizer), so the ids trained on are the ids served.
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r'\n|\s*(?:["{}\[\]:,]\s*)+'), behavior="isolated"),
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -276,7 +278,7 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
 
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     steps: int = 160) -> Path:
+                     steps: int = 300) -> Path:
     """Write tokenizer + tiny imprinted Qwen2 model to `out_dir`; returns the path.
     `steps` caps the imprint (it stops early once its probes pass); 0 leaves the weights random."""
     import torch

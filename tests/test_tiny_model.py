@@ -59,9 +59,9 @@ def test_model_directory(tiny_model_dir):
     assert config.architectures == ["Qwen2ForCausalLM"] and config.vocab_size == len(tok)
     assert set(gen.eos_token_id) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
     assert (tiny_model_dir / "model.safetensors").stat().st_size < 10 * 2**20
-    # tool and parameter names are one token each where a tool call writes them
-    for name in tm.TOOL_NAMES + tm.PARAM_NAMES:
-        assert len(tok(name, add_special_tokens=False)["input_ids"]) == 1, name
+    # the tokenizer served from the directory splits text exactly as the one the model was trained with
+    text = tm._chat_texts(seed=7, n=1)[0] + " naïve café 123"
+    assert tok(text, add_special_tokens=False)["input_ids"] == tm.build_tokenizer(seed=0)(text, add_special_tokens=False)["input_ids"]
 
 
 def test_imprint_labels_are_exactly_the_assistant_turns():
