@@ -29,9 +29,10 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--train-tasks", type=int, default=24)
     ap.add_argument("--eval-tasks", type=int, default=16)
-    ap.add_argument("--sft-steps", type=int, default=60)
+    ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=4, help="optimizer steps per round")
+    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per round")
+    ap.add_argument("--batch-size", type=int, default=16, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -62,13 +63,14 @@ def main() -> None:
         t = time.perf_counter()
         state = run_loop(LoopConfig(harness="lookup", algo=algo, rounds=args.rounds, group=args.group, model=str(warm),
                                     out=out / algo, tasks=all_file, n_tasks=len(tasks), eval_fraction=eval_fraction,
-                                    steps=args.steps, lr=args.lr, seed=args.seed), Console(quiet=True))
+                                    steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
+                         Console(quiet=True))
         curve = [r["eval_success"] for r in state.rounds]
         train_curve = [r["train_success"] for r in state.rounds]
         rows.append((algo, state.initial_eval, curve, train_curve, time.perf_counter() - t))
 
     table = Table(title=f"lookup: held-out success (greedy, {args.eval_tasks} tasks), {args.rounds} rounds, "
-                        f"group {args.group}, {args.steps} steps/round, lr {args.lr}")
+                        f"group {args.group}, {args.steps}×{args.batch_size} samples/round, lr {args.lr}")
     for col in ("algo", "before", "after", "Δ", "held-out per round", "train success per round", "time (s)"):
         table.add_column(col)
     for algo, before, curve, train_curve, secs in rows:

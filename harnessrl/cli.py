@@ -84,11 +84,12 @@ def demo(
     out: Path = typer.Option(Path("demo"), help="Output directory (tiny model, DB, samples, checkpoints)."),
     rounds: int = typer.Option(2, help="Loop rounds."),
     algo: str = typer.Option("grpo", help="grpo | capo | matpo | pact"),
+    sft_steps: int = typer.Option(400, help="Warm-start SFT steps on expert traces (0: start from the raw tiny model)."),
 ) -> None:
     """The main job end to end on the embedded default: tiny model, proxy, harness, compile, train, push."""
     from harnessrl.demo import run_demo
 
-    run_demo(out, rounds, algo)
+    run_demo(out, rounds, algo, sft_steps)
 
 
 for _part in _PARTS:

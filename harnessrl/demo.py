@@ -1,8 +1,9 @@
 """`harnessrl demo`: every stage once, on the embedded default (tiny model, SQLite, CPU).
 
-Builds the tiny model, runs the lookup harness through the proxy, compiles, trains, pushes
-the new weights into the running proxy and evaluates — two rounds of `harnessrl loop` — then
-shows what the records DB holds."""
+Builds the tiny model, warms it up with SFT on expert traces of the lookup task family, runs
+the lookup harness through the proxy, compiles, trains, pushes the new weights into the
+running proxy and evaluates — two rounds of `harnessrl loop` — then shows what the records DB
+holds."""
 
 from __future__ import annotations
 
@@ -41,8 +42,10 @@ def records_table(db: str) -> Table:
     return table
 
 
-def run_demo(out: Path, rounds: int = 2, algo: str = "grpo") -> None:
+def run_demo(out: Path, rounds: int = 2, algo: str = "grpo", sft_steps: int = 400) -> None:
+    from harnessrl.harness_examples.lookup import tasks as lookup_tasks
     from harnessrl.tiny_model import build_tiny_model
+    from harnessrl.trainer.sft import SftConfig, sft
 
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -51,11 +54,19 @@ def run_demo(out: Path, rounds: int = 2, algo: str = "grpo") -> None:
         console.rule("1. tiny model")
         build_tiny_model(model)
         console.print(f"built {model}")
-    console.rule(f"2. loop: lookup harness → proxy → compile → train ({algo}) → push → eval")
-    cfg = LoopConfig(harness="lookup", algo=algo, rounds=rounds, group=4, n_tasks=8, model=str(model),
-                     out=out / "loop", steps=2, lr=1e-4)
+    tasks = lookup_tasks.generate(12, seed=0)
+    n_train = 9  # the last 3 are held out (the loop's --eval-fraction 0.25)
+    tasks_file = lookup_tasks.write(tasks, out / "tasks.jsonl")
+    warm = out / "warm-model"
+    if sft_steps and not (warm / "config.json").exists():
+        console.rule(f"2. warm start: {sft_steps} SFT steps on expert traces of the training tasks")
+        sft(SftConfig(tasks=str(lookup_tasks.write(tasks[:n_train], out / "train.jsonl")), model=str(model),
+                      out=str(warm), steps=sft_steps))
+    start = warm if sft_steps else model
+    console.rule(f"3. loop: lookup harness → proxy → compile → train ({algo}) → push → eval")
+    cfg = LoopConfig(harness="lookup", algo=algo, rounds=rounds, group=4, model=str(start), tasks=tasks_file,
+                     n_tasks=len(tasks), eval_fraction=0.25, out=out / "loop", steps=2, batch_size=16, lr=1e-3)
     state = run_loop(cfg, console)
-    console.rule("3. what was recorded")
+    console.rule("4. what was recorded")
     console.print(records_table(str(cfg.out / "runs.db")))
-    console.print(f"samples, checkpoints and curves.png are under {cfg.out}; "
-                  f"final weights: {state.model}")
+    console.print(f"samples, checkpoints and curves.png are under {cfg.out}; final weights: {state.model}")

@@ -178,6 +178,9 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     from harnessrl.trainer.push import push
     from harnessrl.trainer.run import train
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-round weight loading/saving bars would drown the round table
     console = console or Console()
     if cfg.algo not in ALGO_DEFAULTS:
         raise UserError(f"unknown --algo {cfg.algo!r}: use {', '.join(ALGO_DEFAULTS)}")

@@ -90,7 +90,7 @@ def test_sft_targets_only_what_the_model_generates_and_lowers_the_loss(tiny_mode
     picked = tok.decode([i for i, w in zip(ids, weights) if w > 0])
     key, value = lookup_tasks.read(tasks)[0].key, lookup_tasks.read(tasks)[0].value
     assert picked.startswith(f"I look up the key {key}.")
-    assert f'"arguments": {{"key": "{key}"}}' in picked and f"<answer>{value}</answer><|im_end|>" in picked
+    assert f'"arguments": {{"query": "{key}"}}' in picked and f"<answer>{value}</answer><|im_end|>" in picked
     assert "What value is stored" not in picked and "<tool_response>" not in picked
     call_tokens = {w for i, w in zip(ids, weights) if w > 0 and "lookup" in tok.decode([i])}
     assert call_tokens == {0.5}  # the tool-call span carries call_weight

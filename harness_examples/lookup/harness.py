@@ -30,10 +30,10 @@ def run_rollout(hrl: HarnessRL | str, table: dict[str, str], task: LookupTask, c
                 group_id: str | None = None, run: str | None = None) -> RolloutResult:
     cfg = cfg or LookupConfig()
 
-    def lookup(key: str) -> str:
-        if key not in table:
-            raise ValueError(f"no value stored under key {key!r}")
-        return table[key]
+    def lookup(query: str) -> str:
+        if query not in table:
+            raise ValueError(f"no value stored under key {query!r}")
+        return table[query]
 
     counts = {"model_calls": 0, "tool_calls": 0, "tool_errors": 0}
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(

@@ -18,7 +18,7 @@ LOOKUP_TOOL = {
     "function": {
         "name": "lookup",
         "description": "Return the value stored under a key.",
-        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
     },
 }
 _KEYS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
@@ -44,16 +44,16 @@ class LookupTask:
 
     def expert_trace(self) -> list[dict[str, Any]]:
         call = {"id": "call_0", "type": "function",
-                "function": {"name": "lookup", "arguments": json.dumps({"key": self.key})}}
+                "function": {"name": "lookup", "arguments": json.dumps({"query": self.key})}}
         return [
-            {"role": "assistant", "content": f"I look up the key {self.key}.", "tool_calls": [call]},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "call_0", "content": self.value},
             {"role": "assistant", "content": f"<answer>{self.value}</answer>"},
         ]
 
     def row(self) -> dict[str, Any]:
         return {"id": self.id, "input": self.messages(), "reference": self.value,
-                "reference_calls": [{"name": "lookup", "arguments": {"key": self.key}}],
+                "reference_calls": [{"name": "lookup", "arguments": {"query": self.key}}],
                 "expert_trace": self.expert_trace(), "tools": [LOOKUP_TOOL], "meta": {"harness": "lookup", "key": self.key}}
 
 
