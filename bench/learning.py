@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps per round")
     ap.add_argument("--batch-size", type=int, default=16, help="samples per optimizer step")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
