@@ -65,7 +65,7 @@ def run_demo(out: Path, rounds: int = 2, algo: str = "grpo", sft_steps: int = 40
     start = warm if sft_steps else model
     console.rule(f"3. loop: lookup harness → proxy → compile → train ({algo}) → push → eval")
     cfg = LoopConfig(harness="lookup", algo=algo, rounds=rounds, group=4, model=str(start), tasks=tasks_file,
-                     n_tasks=len(tasks), eval_fraction=0.25, out=out / "loop", steps=2, batch_size=16, lr=1e-3)
+                     n_tasks=len(tasks), eval_fraction=0.25, out=out / "loop", steps=2, batch_size=16, lr=1e-4)
     state = run_loop(cfg, console)
     console.rule("4. what was recorded")
     console.print(records_table(str(cfg.out / "runs.db")))
