@@ -89,7 +89,7 @@ def test_sft_targets_only_what_the_model_generates_and_lowers_the_loss(tiny_mode
     # Weighted text = the expert's two assistant turns; prompt, tool schema and observation are not targets.
     picked = tok.decode([i for i, w in zip(ids, weights) if w > 0])
     key, value = lookup_tasks.read(tasks)[0].key, lookup_tasks.read(tasks)[0].value
-    assert picked.startswith(f"I look up the key {key}.")
+    assert picked.startswith("<tool_call>")
     assert f'"arguments": {{"query": "{key}"}}' in picked and f"<answer>{value}</answer><|im_end|>" in picked
     assert "What value is stored" not in picked and "<tool_response>" not in picked
     call_tokens = {w for i, w in zip(ids, weights) if w > 0 and "lookup" in tok.decode([i])}
