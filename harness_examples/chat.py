@@ -131,3 +131,30 @@ def resolve_model(client: openai.OpenAI, model: str | None) -> str:
         return model
     listed = client.models.list().data
     return listed[0].id if listed else "default"
+
+
+def tool_loop(client: openai.OpenAI, model: str | None, messages: list[dict], schemas: list[dict],
+              tools: dict[str, Callable[..., str]], *, max_turns: int, max_tokens: int,
+              temperature: float) -> tuple[str, str | None, dict[str, int]]:
+    """One agent: chat until a reply makes no tool call (its answer) or `max_turns` replies;
+    tool calls run locally and their results go back as tool messages. `messages` grows in
+    place. Returns (answer, why the episode stopped early or None, counts)."""
+    from harnessrl.harness_examples.text_metrics import extract_answer
+
+    counts = {"model_calls": 0, "tool_calls": 0, "tool_errors": 0}
+    try:
+        model = resolve_model(client, model)
+        for _ in range(max_turns):
+            counts["model_calls"] += 1
+            turn = chat(client, model, messages, schemas, max_tokens=max_tokens, temperature=temperature)
+            messages.append(turn.message)
+            if not turn.tool_calls:
+                return extract_answer(turn.content), None, counts
+            for call in turn.tool_calls:
+                result, ok = run_tool(call, tools)
+                counts["tool_calls"] += 1
+                counts["tool_errors"] += not ok
+                messages.append(tool_message(call, result))
+    except EpisodeStopped as exc:
+        return "", str(exc), counts
+    return "", None, counts
