@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from harnessrl.harness_examples.lookup import tasks as lookup_tasks
-    from harnessrl.loop import LoopConfig, run_loop
+    from harnessrl.app.loop import LoopConfig, run_loop
     from harnessrl.tiny_model import build_tiny_model
     from harnessrl.trainer.sft import SftConfig, sft
 

@@ -133,7 +133,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                  str(tmp / "tok"), "--port", str(up_port)], env=env)
-    proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.cli import main; main()", "proxy",
+    proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
                               "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)],
                              env=env, stderr=subprocess.DEVNULL)
     console = Console(width=160)

@@ -11,7 +11,7 @@ from pathlib import Path
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.bm25 import BM25Index
 from harnessrl.harness_examples.fictional_world import QA, Doc, generate_world
-from harnessrl.harness_examples.text_metrics import exact_match, token_f1
+from harnessrl.metrics import exact_match, f1
 
 SEARCH_TOOL = {
     "type": "function",
@@ -109,7 +109,7 @@ def load_search_tasks(corpus: str | Path | None = None, qa: str | Path | None = 
 
 
 def score(answer: str, task: QA) -> dict[str, float]:
-    return {"em": exact_match(answer, task.answers), "f1": token_f1(answer, task.answers)}
+    return {"em": exact_match(answer, task.answers), "f1": f1(answer, task.answers)}
 
 
 def export_tasks(tasks: list[QA], path: str | Path) -> int:

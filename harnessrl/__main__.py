@@ -1,5 +1,5 @@
 """`python -m harnessrl` is the `harnessrl` command."""
 
-from harnessrl.cli import main
+from harnessrl.app.cli import main
 
 main()

@@ -260,13 +260,13 @@ def test_compile_matchtir(fixture_db, tmp_path, tiny_model_dir):
 
 def run_cli(*args):
     env = {**os.environ, "COLUMNS": "400"}
-    return subprocess.run([sys.executable, "-c", "from harnessrl.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from harnessrl.app.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=180, env=env)
 
 
 def cli_in_process(monkeypatch, capsys, *args):
     """The `harnessrl` entry point in this process (fast): exit code, stdout, stderr."""
-    from harnessrl.cli import main
+    from harnessrl.app.cli import main
 
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setattr(sys, "argv", ["harnessrl", *args])

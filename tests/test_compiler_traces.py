@@ -60,7 +60,7 @@ def test_level_schedule():
 
 def run_cli(monkeypatch, capsys, *args):
     """The `harnessrl` entry point in this process: (exit code, stdout, stderr)."""
-    from harnessrl.cli import main
+    from harnessrl.app.cli import main
 
     monkeypatch.setenv("COLUMNS", "400")  # rich would otherwise wrap the one-line error
     monkeypatch.setattr(sys, "argv", ["harnessrl", *args])

@@ -14,7 +14,8 @@ from harnessrl.harness_examples.chat import ToolCall, run_tool
 from harnessrl.harness_examples.fictional_world import generate_world
 from harnessrl.harness_examples.calculator import calculator
 from harnessrl.harness_examples.search_task import SearchEnv, export_tasks, load_search_tasks
-from harnessrl.harness_examples.text_metrics import exact_match, extract_answer, token_f1
+from harnessrl.harness_examples.text_metrics import extract_answer
+from harnessrl.metrics import exact_match, f1
 
 
 def test_bm25_matches_hand_computation():
@@ -35,8 +36,8 @@ def test_answer_metrics():
     assert exact_match("The Stavax.", ["stavax"]) == 1.0
     assert exact_match("Stavax city", ["Stavax"]) == 0.0
     # "stavax city" vs "stavax": 1 common token, precision 1/2, recall 1 → F1 = 2*0.5*1/1.5 = 2/3
-    assert token_f1("the Stavax city", ["Nowhere", "Stavax"]) == pytest.approx(2 / 3)
-    assert token_f1("", ["Stavax"]) == 0.0
+    assert f1("the Stavax city", ["Nowhere", "Stavax"]) == pytest.approx(2 / 3)
+    assert f1("", ["Stavax"]) == 0.0
     assert extract_answer("<think>maybe <answer>x</answer></think> <answer> Drell </answer>") == "Drell"
     assert extract_answer("<think>hmm</think>Drell") == "Drell"
     assert extract_answer(None) == ""

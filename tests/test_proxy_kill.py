@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def test_sigkill_mid_load_loses_no_answered_call(upstream, db_target):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-c", "from harnessrl.cli import main; main()", "proxy",
+    proc = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
                              "--upstream", upstream, "--db", db_target, "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

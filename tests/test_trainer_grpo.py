@@ -86,7 +86,7 @@ def _cli(*args, cwd=None):
 
 
 def test_cli_train_with_yaml_config_and_errors(samples, tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from harnessrl.cli import main
+    from harnessrl.app.cli import main
 
     cfg = tmp_path / "train.yaml"
     cfg.write_text(f"model: {tiny_model_dir}\nsteps: 1\nbatch_size: 4\nlr: 0.001\nloss_agg: seq_mean\n")

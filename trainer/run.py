@@ -6,8 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.errors import UserError
+from harnessrl.trainer.capo import CapoTrainer
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.data import Dataset, load_samples
+from harnessrl.trainer.grpo import HarnessTrainer
+from harnessrl.trainer.matpo import MatpoTrainer
+from harnessrl.trainer.pact import PactTrainer
 
 
 @dataclass
@@ -18,13 +22,8 @@ class RunResult:
     log_history: list[dict]
 
 
-def trainer_class(algo: str):
-    from harnessrl.trainer.capo import CapoTrainer
-    from harnessrl.trainer.grpo import HarnessTrainer
-    from harnessrl.trainer.matpo import MatpoTrainer
-    from harnessrl.trainer.pact import PactTrainer
-
-    return {"grpo": HarnessTrainer, "capo": CapoTrainer, "matpo": MatpoTrainer, "pact": PactTrainer}[algo]
+# The trainer class of every entry of harnessrl.algorithms.ALGORITHMS (a test checks both agree).
+TRAINERS = {"grpo": HarnessTrainer, "capo": CapoTrainer, "matpo": MatpoTrainer, "pact": PactTrainer}
 
 
 def load_model(path: str, bf16: bool = False):
@@ -48,7 +47,7 @@ def build_trainer(cfg: TrainConfig, data: Dataset | None = None, callbacks=None)
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_target, task_type="CAUSAL_LM")
-    return trainer_class(cfg.algo)(model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks)
+    return TRAINERS[cfg.algo](model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks)
 
 
 def train(cfg: TrainConfig) -> RunResult:

@@ -34,7 +34,7 @@ class SftConfig:
 
 def read_sft_tasks(path: str | Path) -> list[tuple[list[dict], list[dict], list[dict] | None]]:
     """(input messages, expert messages, tools) for every line with an expert trace."""
-    from harnessrl.compiler.tasks import parse_line
+    from harnessrl.tasks_file import parse_line
     from harnessrl.trainer.pact import task_messages
 
     path = Path(path)

@@ -12,87 +12,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from transformers.utils import logging as hf_logging
 
+from harnessrl.algorithms import get_algorithm
+from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
+from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.tasks import import_tasks
 from harnessrl.errors import UserError
-
-# The advantage estimator and training scope each objective is defined with (METHODS §5, §6).
-ALGO_DEFAULTS = {
-    "grpo": {"advantage": "grpo", "train_agents": "central"},
-    "capo": {"advantage": "harness", "train_agents": "central"},
-    "matpo": {"advantage": "matpo", "train_agents": "all"},
-    "pact": {"advantage": "matchtir", "train_agents": "central"},
-}
-
-Runner = Callable[[str, Any, str, str, float], Any]  # (proxy url, task, group id, run tag, temperature) → RolloutResult
-
-
-@dataclass
-class HarnessTasks:
-    train: list[Any]
-    eval: list[Any]
-    run: Runner
-    task_id: Callable[[Any], str]
-    tasks_file: Path | None = None  # `harnessrl tasks import` JSONL with references / expert traces
-
-
-def _split(tasks: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
-    n_eval = max(1, round(len(tasks) * eval_fraction)) if len(tasks) > 1 else 0
-    return tasks[: len(tasks) - n_eval], tasks[len(tasks) - n_eval:]
-
-
-def load_harness(name: str, tasks: Path | None, out: Path, n_tasks: int, eval_fraction: float, seed: int,
-                 corpus: Path | None = None) -> HarnessTasks:
-    """The named example harness with its training and held-out tasks."""
-    if name == "lookup":
-        from harnessrl.harness_examples.lookup import tasks as lk
-        from harnessrl.harness_examples.lookup.harness import LookupConfig, run_rollout
-
-        all_tasks = lk.read(tasks) if tasks else lk.generate(n_tasks, seed)
-        table = {t.key: t.value for t in all_tasks}
-        train, held = _split(all_tasks, eval_fraction)
-        file = lk.write(all_tasks, out / "tasks.jsonl")
-
-        def run(url, task, group_id, run_tag, temperature):
-            return run_rollout(url, table, task, LookupConfig(temperature=temperature), group_id=group_id, run=run_tag)
-
-        return HarnessTasks(train, held, run, lambda t: t.id, file)
-    if name in ("react", "planner_worker", "langgraph"):
-        from harnessrl.harness_examples.search_task import export_tasks, load_search_tasks
-
-        module = {"react": "react", "planner_worker": "planner_worker", "langgraph": "langgraph_search"}[name]
-        harness = __import__(f"harnessrl.harness_examples.{module}.harness", fromlist=["run_rollout"])
-        config_cls = {"react": "ReactConfig", "planner_worker": "PlannerWorkerConfig", "langgraph": "LangGraphConfig"}[name]
-        taskset = load_search_tasks(corpus, tasks, seed=seed)
-        all_tasks = taskset.tasks[:n_tasks]
-        train, held = _split(all_tasks, eval_fraction)
-        file = out / "tasks.jsonl"
-        export_tasks(all_tasks, file)
-
-        def run(url, task, group_id, run_tag, temperature):
-            cfg = getattr(harness, config_cls)(temperature=temperature)
-            return harness.run_rollout(url, taskset.env, task, cfg, group_id=group_id, run=run_tag)
-
-        return HarnessTasks(train, held, run, lambda t: t.id, file)
-    if name == "bfcl":
-        from harnessrl.harness_examples.bfcl_multiturn import data as bfcl
-        from harnessrl.harness_examples.bfcl_multiturn.harness import BfclConfig, run_rollout
-
-        ids = [line.strip() for line in tasks.read_text().splitlines() if line.strip()] if tasks else None
-        all_tasks = bfcl.load_tasks(ids=ids, limit=None if ids else n_tasks)
-        train, held = _split(all_tasks, eval_fraction)
-
-        def run(url, task, group_id, run_tag, temperature):
-            return run_rollout(url, task, BfclConfig(temperature=temperature), group_id=group_id, run=run_tag)
-
-        return HarnessTasks(train, held, run, lambda t: t.id, None)
-    raise UserError(f"unknown harness {name!r}: use lookup, react, planner_worker, langgraph or bfcl")
+from harnessrl.harness_examples.runner import run_many
+from harnessrl.proxy.server import ProxyConfig, run_proxy
+from harnessrl.trainer.capo_partition import build_partition, write_outputs
+from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.data import load_samples
+from harnessrl.trainer.push import push
+from harnessrl.trainer.run import load_model, train
 
 
 @dataclass
@@ -162,8 +101,6 @@ def _summary(results: list[Any]) -> tuple[float, float, float]:
 
 def _rollouts(h: HarnessTasks, url: str, tasks: list[Any], group: int, run_tag: str, temperature: float,
               concurrency: int, label: str) -> list[Any]:
-    from harnessrl.harness_examples.runner import run_many
-
     def one(task):
         return h.run(url, task, f"{run_tag}/{h.task_id(task)}", run_tag, temperature)
 
@@ -171,24 +108,14 @@ def _rollouts(h: HarnessTasks, url: str, tasks: list[Any], group: int, run_tag: 
 
 
 def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
-    from harnessrl.compiler.export import CompileOptions, Compiler
-    from harnessrl.compiler.tasks import import_tasks
-    from harnessrl.proxy.server import ProxyConfig, run_proxy
-    from harnessrl.trainer.config import TrainConfig
-    from harnessrl.trainer.push import push
-    from harnessrl.trainer.run import train
-
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # per-round weight loading/saving bars would drown the round table
     console = console or Console()
-    if cfg.algo not in ALGO_DEFAULTS:
-        raise UserError(f"unknown --algo {cfg.algo!r}: use {', '.join(ALGO_DEFAULTS)}")
+    algo = get_algorithm(cfg.algo)
     if not (Path(cfg.model) / "config.json").is_file():
         raise UserError(f"--model {cfg.model}: not a model directory (no config.json)")
     cfg.out.mkdir(parents=True, exist_ok=True)
     db = cfg.db or str(cfg.out / "runs.db")
-    h = load_harness(cfg.harness, cfg.tasks, cfg.out, cfg.n_tasks, cfg.eval_fraction, cfg.seed, cfg.corpus)
+    h = load_harness(cfg.harness, TaskSource(cfg.tasks, cfg.corpus, cfg.out, cfg.n_tasks, cfg.eval_fraction, cfg.seed))
     if not h.train:
         raise UserError("no training tasks: give more tasks or a smaller --eval-fraction")
     if h.tasks_file:
@@ -197,7 +124,6 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     state = LoopState.load(state_path, cfg.model)
     if state.rounds:
         console.print(f"resuming after round {state.rounds[-1]['round']} from {state.model}")
-    defaults = ALGO_DEFAULTS[cfg.algo]
 
     with run_proxy(ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)) as proxy:
         if state.initial_eval is None:
@@ -213,8 +139,8 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
                                 f"round {r} rollouts")
             reward, success, validity = _summary(results)
             samples_dir = cfg.out / tag / "samples"
-            stats = Compiler(db, CompileOptions(out=samples_dir, advantage=defaults["advantage"],
-                                                train_agents=defaults["train_agents"], run=tag,
+            stats = Compiler(db, CompileOptions(out=samples_dir, advantage=algo.advantage,
+                                                train_agents=algo.train_agents, run=tag,
                                                 tokenizer=cfg.model)).run()
             totals = stats["totals"]
             partition = cfg.partition
@@ -239,10 +165,6 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
 
 
 def _capo_partition(samples_dir: Path, model: str, out: Path) -> Path:
-    from harnessrl.trainer.capo_partition import build_partition, write_outputs
-    from harnessrl.trainer.data import load_samples
-    from harnessrl.trainer.run import load_model
-
     net, tokenizer = load_model(model)
     partition, report = build_partition(net, load_samples(samples_dir).samples, tokenizer.pad_token_id)
     return write_outputs(partition, report, out)[0]

@@ -13,9 +13,12 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, select
 
+from harnessrl.app.loop import LoopConfig, run_loop
 from harnessrl.db import open_db
-from harnessrl.loop import LoopConfig, run_loop
+from harnessrl.harness_examples.lookup import tasks as lookup_tasks
 from harnessrl.records import Call, Reward, Rollout, WeightVersion
+from harnessrl.tiny_model import build_tiny_model
+from harnessrl.trainer.sft import SftConfig, sft
 
 
 def records_table(db: str) -> Table:
@@ -43,10 +46,6 @@ def records_table(db: str) -> Table:
 
 
 def run_demo(out: Path, rounds: int = 2, algo: str = "grpo", sft_steps: int = 400) -> None:
-    from harnessrl.harness_examples.lookup import tasks as lookup_tasks
-    from harnessrl.tiny_model import build_tiny_model
-    from harnessrl.trainer.sft import SftConfig, sft
-
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
     model = out / "tiny-model"

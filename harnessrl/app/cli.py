@@ -1,16 +1,21 @@
-"""The `harnessrl` command. Each part registers its own sub-commands (`<part>/cli.py`);
-heavy imports (torch, transformers) happen inside the commands so `--help` stays fast."""
+"""The `harnessrl` command: the app layer's wiring. Each part registers its own sub-commands
+(`<part>/cli.py`); the commands that span parts (`loop`, `demo`) live here. Heavy imports (torch,
+transformers) happen inside the commands so `--help` stays fast."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
+from harnessrl.algorithms import algo_help
+from harnessrl.app.harnesses import harness_help
+from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
+from harnessrl.proxy import cli as proxy_cli
+from harnessrl.trainer import cli as trainer_cli
 
 app = typer.Typer(
     help="harnessrl: record any agent harness through an OpenAI-compatible proxy, compile RL samples, train.",
@@ -21,11 +26,6 @@ app = typer.Typer(
 db_app = typer.Typer(help="Records DB maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-_PARTS = (
-    "harnessrl.proxy.cli",
-    "harnessrl.compiler.cli",
-    "harnessrl.trainer.cli",
-)
 
 
 @app.command("tiny-model")
@@ -53,9 +53,9 @@ def db_upgrade(
 
 @app.command("loop")
 def loop(
-    harness: str = typer.Option(..., help="lookup | react | planner_worker | langgraph | bfcl"),
+    harness: str = typer.Option(..., help=harness_help()),
     model: Path = typer.Option(..., help="Model directory the first round starts from."),
-    algo: str = typer.Option("grpo", help="grpo | capo | matpo | pact"),
+    algo: str = typer.Option("grpo", help=algo_help()),
     rounds: int = typer.Option(2, help="Rounds of rollouts → compile → train → push → eval."),
     group: int = typer.Option(4, help="Rollouts per training task per round (the GRPO group)."),
     tasks: Path | None = typer.Option(None, help="Task file of the harness (default: generated tasks)."),
@@ -72,7 +72,7 @@ def loop(
     seed: int = typer.Option(0, help="Seed of tasks, sampling and training."),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
-    from harnessrl.loop import LoopConfig, run_loop
+    from harnessrl.app.loop import LoopConfig, run_loop
 
     run_loop(LoopConfig(harness=harness, algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
@@ -83,17 +83,17 @@ def loop(
 def demo(
     out: Path = typer.Option(Path("demo"), help="Output directory (tiny model, DB, samples, checkpoints)."),
     rounds: int = typer.Option(2, help="Loop rounds."),
-    algo: str = typer.Option("grpo", help="grpo | capo | matpo | pact"),
+    algo: str = typer.Option("grpo", help=algo_help()),
     sft_steps: int = typer.Option(400, help="Warm-start SFT steps on expert traces (0: start from the raw tiny model)."),
 ) -> None:
     """The main job end to end on the embedded default: tiny model, proxy, harness, compile, train, push."""
-    from harnessrl.demo import run_demo
+    from harnessrl.app.demo import run_demo
 
     run_demo(out, rounds, algo, sft_steps)
 
 
-for _part in _PARTS:
-    importlib.import_module(_part).register(app)
+for _part in (proxy_cli, compiler_cli, trainer_cli):
+    _part.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,52 @@
+"""The algorithm registry: every `--algo` name with the compile defaults it is defined with.
+
+An objective is a pair of decisions made in two parts: the compiler's advantage estimator and
+training scope (which agents' tokens are trainable), and the trainer's loss. Both parts read the
+same entry here, so `harnessrl compile --algo matpo`, `harnessrl train --algo matpo` and
+`harnessrl loop --algo matpo` agree. The trainer maps each name to its trainer class
+(`harnessrl.trainer.run.TRAINERS`); a test checks both cover the same names.
+See docs/methods.md (Objectives) for the math behind each entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harnessrl.errors import UserError
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    advantage: str  # the compiler's advantage estimator (docs/methods.md, Advantages)
+    train_agents: str  # central | all | comma-separated agent names
+    summary: str
+
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("grpo", "grpo", "central", "clipped surrogate on the group-normalised outcome (baseline)"),
+    Algorithm("capo", "harness", "central", "action/args gradient routing through MLP-unit partitions"),
+    Algorithm("matpo", "matpo", "all", "planner and worker samples in one batch, one model for every role"),
+    Algorithm("pact", "matchtir", "central", "expert traces as privileged context plus component-aware SFT"),
+)}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UserError(f"unknown --algo {name!r}: use {' | '.join(ALGORITHMS)}") from None
+
+
+def algo_help() -> str:
+    """The `--algo` help text every command shows."""
+    return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
+
+
+def default_train_agents(advantage: str) -> str:
+    """The training scope of the algorithm an estimator belongs to (`central` if none claims it),
+    so `compile --advantage matpo` trains planner and workers like `--algo matpo` does."""
+    for algo in ALGORITHMS.values():
+        if algo.advantage == advantage:
+            return algo.train_agents
+    return "central"

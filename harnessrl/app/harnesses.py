@@ -1,0 +1,163 @@
+"""The harness registry: every `loop --harness` name, its task source and how one rollout runs.
+
+An entry turns the loop's task options into a `HarnessTasks`: the training and held-out tasks,
+a runner with one signature for every harness, and the tasks file (references, expert traces)
+the compiler imports. `--harness module:function` plugs in a user's own harness (see
+`user_harness`). To add an example harness, write its loader here and add it to `HARNESSES`.
+Loaders import their harness when called, so the registry (and `harnessrl --help`) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import UserError
+
+# (proxy url, task, group id, run tag, temperature) → harness_examples.chat.RolloutResult
+Runner = Callable[[str, Any, str, str, float], Any]
+
+
+@dataclass
+class TaskSource:
+    """The loop's options that choose tasks."""
+    tasks: Path | None  # the harness's task file; None: generated tasks where the harness has them
+    corpus: Path | None  # search harnesses: a real corpus JSONL beside a real QA tasks file
+    out: Path  # where a generated tasks file is written
+    n_tasks: int
+    eval_fraction: float
+    seed: int
+
+
+@dataclass
+class HarnessTasks:
+    train: list[Any]
+    eval: list[Any]
+    run: Runner
+    task_id: Callable[[Any], str]
+    tasks_file: Path | None = None  # `harnessrl tasks import` JSONL with references / expert traces
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str
+    summary: str
+    load: Callable[[TaskSource], HarnessTasks]
+
+
+def _split(tasks: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
+    n_eval = max(1, round(len(tasks) * eval_fraction)) if len(tasks) > 1 else 0
+    return tasks[: len(tasks) - n_eval], tasks[len(tasks) - n_eval:]
+
+
+def _lookup(src: TaskSource) -> HarnessTasks:
+    from harnessrl.harness_examples.lookup import harness as lookup
+    from harnessrl.harness_examples.lookup import tasks as lookup_tasks
+
+    all_tasks = lookup_tasks.read(src.tasks) if src.tasks else lookup_tasks.generate(src.n_tasks, src.seed)
+    table = {t.key: t.value for t in all_tasks}
+    train, held = _split(all_tasks, src.eval_fraction)
+
+    def run(url, task, group_id, run_tag, temperature):
+        return lookup.run_rollout(url, table, task, lookup.LookupConfig(temperature=temperature),
+                                  group_id=group_id, run=run_tag)
+
+    return HarnessTasks(train, held, run, lambda t: t.id, lookup_tasks.write(all_tasks, src.out / "tasks.jsonl"))
+
+
+def _search(name: str) -> Callable[[TaskSource], HarnessTasks]:
+    """A harness over the fictional-world (or a real) search corpus."""
+    def load(src: TaskSource) -> HarnessTasks:
+        from harnessrl.harness_examples.langgraph_search import harness as langgraph
+        from harnessrl.harness_examples.planner_worker import harness as planner_worker
+        from harnessrl.harness_examples.react import harness as react
+        from harnessrl.harness_examples.search_task import export_tasks, load_search_tasks
+
+        module, config_cls = {"react": (react, react.ReactConfig),
+                              "planner_worker": (planner_worker, planner_worker.PlannerWorkerConfig),
+                              "langgraph": (langgraph, langgraph.LangGraphConfig)}[name]
+        taskset = load_search_tasks(src.corpus, src.tasks, seed=src.seed)
+        all_tasks = taskset.tasks[: src.n_tasks]
+        train, held = _split(all_tasks, src.eval_fraction)
+        file = src.out / "tasks.jsonl"
+        export_tasks(all_tasks, file)
+
+        def run(url, task, group_id, run_tag, temperature):
+            return module.run_rollout(url, taskset.env, task, config_cls(temperature=temperature),
+                                      group_id=group_id, run=run_tag)
+
+        return HarnessTasks(train, held, run, lambda t: t.id, file)
+
+    return load
+
+
+def _bfcl(src: TaskSource) -> HarnessTasks:
+    from harnessrl.harness_examples.bfcl_multiturn import data as bfcl_data
+    from harnessrl.harness_examples.bfcl_multiturn import harness as bfcl
+
+    ids = [line.strip() for line in src.tasks.read_text().splitlines() if line.strip()] if src.tasks else None
+    all_tasks = bfcl_data.load_tasks(ids=ids, limit=None if ids else src.n_tasks)
+    train, held = _split(all_tasks, src.eval_fraction)
+
+    def run(url, task, group_id, run_tag, temperature):
+        return bfcl.run_rollout(url, task, bfcl.BfclConfig(temperature=temperature), group_id=group_id, run=run_tag)
+
+    return HarnessTasks(train, held, run, lambda t: t.id, None)
+
+
+HARNESSES: dict[str, Harness] = {h.name: h for h in (
+    Harness("lookup", "look a key up with a tool, answer its value (the demo's task family)", _lookup),
+    Harness("react", "ReAct loop with search and calculator tools", _search("react")),
+    Harness("planner_worker", "planner dispatching search workers (MATPO-style)",
+            _search("planner_worker")),
+    Harness("langgraph", "LangGraph agent through langchain-openai", _search("langgraph")),
+    Harness("bfcl", "BFCL multi-turn function calling with executable back-ends", _bfcl),
+)}
+
+
+def harness_help() -> str:
+    return " | ".join(HARNESSES) + " | module:function (your own: see README, Your own harness)"
+
+
+def user_harness(spec: str, src: TaskSource) -> HarnessTasks:
+    """`module:function`, called as `function(proxy_url, task, *, group_id, run, temperature)` like the
+    examples' `run_rollout`: it opens its rollout with `HarnessRL(proxy_url).rollout(task_id=task.id,
+    group_id=group_id, run=run)`, reports the outcome, and returns a `RolloutResult` or the outcome.
+    Tasks come from `--tasks`, a `harnessrl tasks import` JSONL file (passed as `TaskRow`s)."""
+    from harnessrl.tasks_file import TaskRow, read_tasks
+    from harnessrl.harness_examples.chat import RolloutResult
+
+    module_name, _, fn_name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"--harness {spec}: cannot load it ({exc})") from None
+    if not callable(fn):
+        raise UserError(f"--harness {spec}: {fn_name} is not a function")
+    if src.tasks is None:
+        raise UserError(f"--harness {spec}: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
+    rows = read_tasks(src.tasks)[: src.n_tasks]
+    train, held = _split(rows, src.eval_fraction)
+
+    def run(url: str, task: TaskRow, group_id: str, run_tag: str, temperature: float) -> RolloutResult:
+        result = fn(url, task, group_id=group_id, run=run_tag, temperature=temperature)
+        if isinstance(result, RolloutResult):
+            return result
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            return RolloutResult(rollout_id="", task_id=task.id, outcome=float(result))
+        raise UserError(f"--harness {spec}: returned {type(result).__name__}; return the outcome (a number) "
+                        "or a RolloutResult")
+
+    return HarnessTasks(train, held, run, lambda t: t.id, src.tasks)
+
+
+def load_harness(name: str, src: TaskSource) -> HarnessTasks:
+    """The named harness (or `module:function`) with its training and held-out tasks."""
+    if ":" in name:
+        return user_harness(name, src)
+    if name not in HARNESSES:
+        raise UserError(f"unknown harness {name!r}: use {harness_help()}")
+    return HARNESSES[name].load(src)

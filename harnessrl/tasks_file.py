@@ -1,0 +1,70 @@
+"""The tasks file: one JSON object per line with `id`, `input` (text or chat messages), optional
+`reference` (alias `answer`), optional `reference_calls` ([{name, arguments}]) and optional
+`expert_trace` (the expert's chat messages). Read by `harnessrl tasks import` (compiler), `sft`
+and PACT (trainer) and user harnesses in `loop` (app): one parser, one set of rules.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import UserError
+
+
+@dataclass
+class TaskRow:
+    id: str
+    input: Any
+    reference: Any
+    reference_calls: list[Any] | None
+    expert_trace: list[dict[str, Any]] | None
+
+
+def _check_calls(calls: Any, where: str) -> list[Any]:
+    if not isinstance(calls, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("function", c).get("name"), str) for c in calls
+    ):
+        raise UserError(f"{where}: reference_calls must be a list of {{name, arguments}} objects")
+    return calls
+
+
+def parse_line(line: str, where: str) -> TaskRow:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise UserError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    if not isinstance(obj.get("id"), (str, int)) or obj.get("id") == "":
+        raise UserError(f"{where}: missing task id")
+    if "input" not in obj:
+        raise UserError(f"{where}: missing input")
+    calls = obj.get("reference_calls")
+    trace = obj.get("expert_trace")
+    if trace is not None and not (isinstance(trace, list) and all(isinstance(m, dict) and "role" in m for m in trace)):
+        raise UserError(f"{where}: expert_trace must be a list of chat messages with a role")
+    return TaskRow(
+        id=str(obj["id"]),
+        input=obj["input"],
+        reference=obj.get("reference", obj.get("answer")),
+        reference_calls=_check_calls(calls, where) if calls is not None else None,
+        expert_trace=trace,
+    )
+
+
+def read_tasks(path: Path) -> list[TaskRow]:
+    if not path.is_file():
+        raise UserError(f"tasks file not found: {path}")
+    rows, seen = [], set()
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = parse_line(line, f"{path}:{n}")
+        if row.id in seen:
+            raise UserError(f"{path}:{n}: duplicate task id {row.id!r}")
+        seen.add(row.id)
+        rows.append(row)
+    return rows
