@@ -9,13 +9,13 @@ Loaders import their harness when called, so the registry (and `harnessrl --help
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import UserError
+from harnessrl.plugins import load_function
 
 # (proxy url, task, group id, run tag, temperature) → harness_examples.chat.RolloutResult
 Runner = Callable[[str, Any, str, str, float], Any]
@@ -130,13 +130,7 @@ def user_harness(spec: str, src: TaskSource) -> HarnessTasks:
     from harnessrl.tasks_file import TaskRow, read_tasks
     from harnessrl.harness_examples.chat import RolloutResult
 
-    module_name, _, fn_name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"--harness {spec}: cannot load it ({exc})") from None
-    if not callable(fn):
-        raise UserError(f"--harness {spec}: {fn_name} is not a function")
+    fn = load_function(spec, "--harness")
     if src.tasks is None:
         raise UserError(f"--harness {spec}: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
     rows = read_tasks(src.tasks)[: src.n_tasks]
