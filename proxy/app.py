@@ -24,14 +24,19 @@ from starlette.responses import Response
 
 from harnessrl.db import open_db
 from harnessrl.proxy.backend import TokenBackend
-from harnessrl.proxy.calls import Calls
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.errors import ProxyError, error_body
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, identify
+from harnessrl.proxy.openai_wire import ChatWire, TextWire
 from harnessrl.proxy.prefix import Prompter
+from harnessrl.proxy.protocol import Request as ModelRequest
+from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
+from harnessrl.proxy.route_passthrough import PassThroughRoute
+from harnessrl.proxy.route_tokens import TokenRoute
+from harnessrl.proxy.serving import Serving
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.validate import check_chat, check_completion, parse_json
 from harnessrl.records import UNASSIGNED_ROLLOUT
@@ -94,6 +99,22 @@ async def _read_body(headers: dict[str, str], receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
+    """The local backend's token route, an upstream's token route (prefix mode), or pass-through."""
+    if backend is not None:
+        prompter = Prompter(backend.tokenizer, cfg.prefix_mode, render_ids=backend.render)
+        return TokenRoute(backend, prompter, backend.model_name, cfg.default_max_tokens)
+    assert pool is not None  # cfg.check(): an upstream backend has an upstream URL
+    name = cfg.served_model_name or "model"
+    if cfg.prefix_mode:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        return TokenRoute(UpstreamTokens(pool, tok, name), Prompter(tok, True), name,  # type: ignore[arg-type]
+                          cfg.default_max_tokens)
+    return PassThroughRoute(pool, name)
+
+
 def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyApp:
     """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local")."""
     cfg.check()
@@ -106,22 +127,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
     async def lifespan(_app: FastAPI):
         recorder = Recorder(engine)
         pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout) if cfg.upstream else None
-        if backend is not None:
-            prompter = Prompter(backend.tokenizer, cfg.prefix_mode, render_ids=backend.render)
-            calls = Calls(recorder, backend=backend, prompter=prompter, model_name=backend.model_name,
-                          default_max_tokens=cfg.default_max_tokens)
-        elif cfg.prefix_mode:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
-            assert pool is not None
-            name = cfg.served_model_name or "model"
-            calls = Calls(recorder, backend=UpstreamTokens(pool, tok, name),  # type: ignore[arg-type]
-                          prompter=Prompter(tok, True), model_name=name, default_max_tokens=cfg.default_max_tokens)
-        else:
-            calls = Calls(recorder, pool=pool, model_name=cfg.served_model_name or "model",
-                          default_max_tokens=cfg.default_max_tokens)
-        state.update(calls=calls, recorder=recorder, pool=pool)
+        state.update(serving=Serving(_route(cfg, backend, pool), recorder), recorder=recorder, pool=pool)
         try:
             yield
         finally:
@@ -176,9 +182,11 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
             req = parse_json(await _read_body(headers, receive, cfg.max_body_bytes))
             (check_chat if chat else check_completion)(req)
             await _rollout_ok(ident.rollout)
-            calls: Calls = state["calls"]
+            serving: Serving = state["serving"]
             call_id = os.urandom(16).hex()
-            response = await (calls.chat if chat else calls.completions)(req, ident, call_id)
+            call = ModelRequest(req, chat)
+            wire = (ChatWire if chat else TextWire)(call, call_id, serving.route.model_name)
+            response = await serving.handle(call, ident, call_id, wire)
         except ProxyError as err:
             response = _error(err)
         await response(scope, receive, send)
@@ -229,7 +237,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
     async def finish_rollout(rollout_id: str):
         r = await run_in_threadpool(store.finish, rollout_id)
         known[r.id] = r.status
-        state["calls"].index.forget(r.id)  # here, on the event loop thread that owns the index
+        state["serving"].index.forget(r.id)  # here, on the event loop thread that owns the index
         return _json(rollout_json(r))
 
     @app.get("/harnessrl/rollouts", dependencies=[api])
