@@ -1,9 +1,10 @@
-"""The proxy's FastAPI app: OpenAI endpoints (also under /r/{rollout}/a/{agent}/v1), the
+"""The proxy's ASGI app: the model endpoints (also under /r/{rollout}/a/{agent}/v1), the
 rollout API and the weights endpoint.
 
-The OpenAI POST endpoints are the hot path: `ProxyApp` hands them straight to their handler
-(no FastAPI middleware, routing or pydantic model; bodies are checked by hand so any malformed
-request gets an OpenAI error). Everything else goes through FastAPI.
+The model endpoints are the hot path: `ProxyApp` matches their path to an API adapter
+(`ADAPTERS`) and hands the call to `Serving` with the app's one route (`_route`) — no FastAPI
+middleware, routing or pydantic model; adapters check bodies by hand so any malformed request
+gets an OpenAI error. Everything else goes through FastAPI.
 """
 
 from __future__ import annotations
@@ -28,17 +29,16 @@ from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.errors import ProxyError, error_body
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, identify
-from harnessrl.proxy.openai_wire import ChatWire, TextWire
+from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
 from harnessrl.proxy.prefix import Prompter
-from harnessrl.proxy.protocol import Request as ModelRequest
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
 from harnessrl.proxy.route_passthrough import PassThroughRoute
 from harnessrl.proxy.route_tokens import TokenRoute
-from harnessrl.proxy.serving import Serving
+from harnessrl.proxy.serving import Adapter, Serving
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
-from harnessrl.proxy.validate import check_chat, check_completion, parse_json
+from harnessrl.proxy.validate import parse_json
 from harnessrl.records import UNASSIGNED_ROLLOUT
 
 
@@ -75,7 +75,10 @@ class WeightsIn(BaseModel):
     version: str | None = None
 
 
-_HOT_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>chat/completions|completions)/?$")
+# the API surfaces served on the hot path, by their path under /v1/
+ADAPTERS: dict[str, Adapter] = {a.path: a for a in (CHAT_COMPLETIONS, COMPLETIONS)}
+_HOT_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>"
+                       + "|".join(re.escape(p) for p in ADAPTERS) + ")/?$")
 _HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
                 b"x-harnessrl-session", b"x-harnessrl-parent-call"}
 
@@ -174,18 +177,16 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
         if status == "finished":
             raise ProxyError(409, f"rollout {rollout_id!r} is finished", code="rollout_finished")
 
-    async def hot(scope, receive, send, chat: bool, path_params: dict) -> None:
+    async def hot(scope, receive, send, adapter: Adapter, path_params: dict) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _HOT_HEADERS}
         try:
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
-            req = parse_json(await _read_body(headers, receive, cfg.max_body_bytes))
-            (check_chat if chat else check_completion)(req)
+            call = adapter.request(parse_json(await _read_body(headers, receive, cfg.max_body_bytes)))
             await _rollout_ok(ident.rollout)
             serving: Serving = state["serving"]
             call_id = os.urandom(16).hex()
-            call = ModelRequest(req, chat)
-            wire = (ChatWire if chat else TextWire)(call, call_id, serving.route.model_name)
+            wire = adapter.wire(call, call_id, serving.route.model_name)
             response = await serving.handle(call, ident, call_id, wire)
         except ProxyError as err:
             response = _error(err)
@@ -281,7 +282,7 @@ class ProxyApp:
             if m is not None:
                 params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
                 try:
-                    await self._hot(scope, receive, send, m["kind"] == "chat/completions", params)
+                    await self._hot(scope, receive, send, ADAPTERS[m["kind"]], params)
                 except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
                     err = ProxyError(500, f"internal proxy error: {type(exc).__name__}: {exc}", "server_error")
                     try:

@@ -1,8 +1,11 @@
 """The OpenAI wire format on the way out: responses, stream chunks, log-prob objects and SSE
 framing for Chat Completions and Completions, built from a route's `Result` and `Delta`s.
 
-`ChatWire` / `TextWire` are the output side of the OpenAI adapters (one per call); another
-API surface (Responses, Anthropic Messages) adds its own wire class with the same methods.
+`CHAT_COMPLETIONS` and `COMPLETIONS` are the OpenAI adapters: the request side is the body
+itself (OpenAI chat is the internal shape), the output side `ChatWire` / `TextWire` (one per
+call). Another API surface (Responses, Anthropic Messages) is a module like this one: an
+`Adapter` whose request function translates to a chat `Request`, and a wire class with the
+same methods.
 A pass-through route's deltas and results carry the upstream's own OpenAI objects (`raw`):
 they go out as they are.
 """
@@ -16,6 +19,8 @@ import orjson
 
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
+from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.validate import check_chat, check_completion
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -110,3 +115,17 @@ class TextWire(_Wire):
             return {**self.head, "choices": [], "usage": d.usage}
         return {**self.head, "choices": [{"index": 0, "text": d.content or "", "finish_reason": d.finish_reason,
                                           "logprobs": None}]}
+
+
+def _chat_request(body: dict) -> Request:
+    check_chat(body)
+    return Request(body, chat=True)
+
+
+def _text_request(body: dict) -> Request:
+    check_completion(body)
+    return Request(body, chat=False)
+
+
+CHAT_COMPLETIONS = Adapter("chat/completions", _chat_request, ChatWire)
+COMPLETIONS = Adapter("completions", _text_request, TextWire)

@@ -9,7 +9,8 @@ gets its answer (or its OpenAI-shaped error) only once that record is committed.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
@@ -33,6 +34,17 @@ class Wire(Protocol):
     def close(self, result: Result) -> bytes: ...
 
     def error(self, err: ProxyError) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An API surface served at `/v1/{path}`: its request body → an internal `Request`
+    (validated; a bad one raises a 400 `ProxyError` and nothing is recorded), and the wire its
+    answers go out in. Adapters translate; routes never see which API a call came in through."""
+
+    path: str  # under /v1/, e.g. "chat/completions"
+    request: Callable[[dict], Request]
+    wire: Callable[[Request, str, str], Wire]  # (request, call id, served model name) -> Wire
 
 
 class Serving:
