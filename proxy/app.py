@@ -75,10 +75,8 @@ class WeightsIn(BaseModel):
     version: str | None = None
 
 
-# the API surfaces served on the hot path, by their path under /v1/
-ADAPTERS: dict[str, Adapter] = {a.path: a for a in (CHAT_COMPLETIONS, COMPLETIONS)}
-_HOT_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>"
-                       + "|".join(re.escape(p) for p in ADAPTERS) + ")/?$")
+# the API surfaces served on the hot path
+ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS)
 _HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
                 b"x-harnessrl-session", b"x-harnessrl-parent-call"}
 
@@ -118,8 +116,10 @@ def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) ->
     return PassThroughRoute(pool, name)
 
 
-def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyApp:
-    """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local")."""
+def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
+               adapters: tuple[Adapter, ...] = ADAPTERS) -> ProxyApp:
+    """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local"),
+    `adapters` the API surfaces it serves at /v1/{adapter.path}."""
     cfg.check()
     engine, session_factory = open_db(cfg.db)
     store = Rollouts(session_factory)
@@ -265,24 +265,27 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
         store.weight_version(version, body.path)
         return _json({"version": version})
 
-    return ProxyApp(app, hot)
+    return ProxyApp(app, hot, adapters)
 
 
 class ProxyApp:
-    """The ASGI app: OpenAI POST endpoints go straight to their handler (the hot path skips
+    """The ASGI app: POSTs to an adapter's path go straight to the hot-path handler (skipping
     FastAPI's middleware and routing layers); everything else, lifespan included, to FastAPI."""
 
-    def __init__(self, api: FastAPI, hot) -> None:
+    def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...]) -> None:
         self.api = api
         self._hot = hot
+        self._adapters = {a.path: a for a in adapters}
+        self._hot_path = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>"
+                                    + "|".join(re.escape(p) for p in self._adapters) + ")/?$")
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            m = _HOT_PATH.match(scope["path"])
+            m = self._hot_path.match(scope["path"])
             if m is not None:
                 params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
                 try:
-                    await self._hot(scope, receive, send, ADAPTERS[m["kind"]], params)
+                    await self._hot(scope, receive, send, self._adapters[m["kind"]], params)
                 except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
                     err = ProxyError(500, f"internal proxy error: {type(exc).__name__}: {exc}", "server_error")
                     try:
