@@ -9,7 +9,7 @@ An adapter renders deltas and results in its own wire format (`openai_wire` for 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -114,7 +114,7 @@ class Route(Protocol):
 
     async def run(self, req: Request, prompt: Prompt) -> Result: ...
 
-    def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
+    def stream(self, req: Request, prompt: Prompt) -> AsyncGenerator[list[Delta] | Result, None]:
         """Batches of deltas (each batch: what arrived together, sent in one write), then the
         Result. The first item comes only once the model has started answering, so an error
         before it still reaches the harness as an HTTP status."""

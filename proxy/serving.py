@@ -9,7 +9,7 @@ gets its answer (or its OpenAI-shaped error) only once that record is committed.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -83,27 +83,30 @@ class Serving:
         return Response(orjson.dumps(data), 200, headers, "application/json")
 
     async def _relay(self, req: Request, ident: Identity, rec: CallRecord, wire: Wire, first: list[Delta] | Result,
-                     events: AsyncIterator[list[Delta] | Result], t0: float) -> AsyncIterator[bytes]:
+                     events: AsyncGenerator[list[Delta] | Result, None], t0: float) -> AsyncIterator[bytes]:
         """Send deltas as they come, but hold the terminal ones until the call is committed."""
         held: list[Delta] = []
         item = first
         try:
-            while not isinstance(item, Result):
-                ready = []
-                for d in item:
-                    (held if held or d.terminal else ready).append(d)
-                if ready:
-                    yield wire.chunks(ready)
-                item = await anext(events, None)
-                if item is None:
-                    raise RuntimeError("the model stream ended without a result")
-            result = item
-            self._fill(rec, result, wire.response(result), t0)
-        except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
-            err = as_proxy_error(exc)
-            await self._fail(rec, err, t0)
-            yield wire.error(err)
-            return
+            try:
+                while not isinstance(item, Result):
+                    ready = []
+                    for d in item:
+                        (held if held or d.terminal else ready).append(d)
+                    if ready:
+                        yield wire.chunks(ready)
+                    item = await anext(events, None)
+                    if item is None:
+                        raise RuntimeError("the model stream ended without a result")
+                result = item
+                self._fill(rec, result, wire.response(result), t0)
+            except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
+                err = as_proxy_error(exc)
+                await self._fail(rec, err, t0)
+                yield wire.error(err)
+                return
+        finally:  # a harness that hung up stops the model too
+            await events.aclose()
         try:
             await self._commit(rec)
         except ProxyError as err:
