@@ -1,9 +1,10 @@
-"""The proxy's FastAPI app: OpenAI endpoints (also under /r/{rollout}/a/{agent}/v1), the
+"""The proxy's ASGI app: the model endpoints (also under /r/{rollout}/a/{agent}/v1), the
 rollout API and the weights endpoint.
 
-The OpenAI POST endpoints are the hot path: `ProxyApp` hands them straight to their handler
-(no FastAPI middleware, routing or pydantic model; bodies are checked by hand so any malformed
-request gets an OpenAI error). Everything else goes through FastAPI.
+The model endpoints are the hot path: `ProxyApp` matches their path to an API adapter
+(`ADAPTERS`) and hands the call to `Serving` with the app's one route (`_route`) — no FastAPI
+middleware, routing or pydantic model; adapters check bodies by hand so any malformed request
+gets an OpenAI error. Everything else goes through FastAPI.
 """
 
 from __future__ import annotations
@@ -24,16 +25,20 @@ from starlette.responses import Response
 
 from harnessrl.db import open_db
 from harnessrl.proxy.backend import TokenBackend
-from harnessrl.proxy.calls import Calls
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.errors import ProxyError, error_body
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, identify
+from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
 from harnessrl.proxy.prefix import Prompter
+from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
+from harnessrl.proxy.route_passthrough import PassThroughRoute
+from harnessrl.proxy.route_tokens import TokenRoute
+from harnessrl.proxy.serving import Adapter, Serving
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
-from harnessrl.proxy.validate import check_chat, check_completion, parse_json
+from harnessrl.proxy.validate import parse_json
 from harnessrl.records import UNASSIGNED_ROLLOUT
 
 
@@ -70,7 +75,8 @@ class WeightsIn(BaseModel):
     version: str | None = None
 
 
-_HOT_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>chat/completions|completions)/?$")
+# the API surfaces served on the hot path
+ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS)
 _HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
                 b"x-harnessrl-session", b"x-harnessrl-parent-call"}
 
@@ -94,8 +100,26 @@ async def _read_body(headers: dict[str, str], receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyApp:
-    """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local")."""
+def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
+    """The local backend's token route, an upstream's token route (prefix mode), or pass-through."""
+    if backend is not None:
+        prompter = Prompter(backend.tokenizer, cfg.prefix_mode, render_ids=backend.render)
+        return TokenRoute(backend, prompter, backend.model_name, cfg.default_max_tokens)
+    assert pool is not None  # cfg.check(): an upstream backend has an upstream URL
+    name = cfg.served_model_name or "model"
+    if cfg.prefix_mode:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        return TokenRoute(UpstreamTokens(pool, tok, name), Prompter(tok, True), name,  # type: ignore[arg-type]
+                          cfg.default_max_tokens)
+    return PassThroughRoute(pool, name)
+
+
+def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
+               adapters: tuple[Adapter, ...] = ADAPTERS) -> ProxyApp:
+    """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local"),
+    `adapters` the API surfaces it serves at /v1/{adapter.path}."""
     cfg.check()
     engine, session_factory = open_db(cfg.db)
     store = Rollouts(session_factory)
@@ -106,22 +130,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
     async def lifespan(_app: FastAPI):
         recorder = Recorder(engine)
         pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout) if cfg.upstream else None
-        if backend is not None:
-            prompter = Prompter(backend.tokenizer, cfg.prefix_mode, render_ids=backend.render)
-            calls = Calls(recorder, backend=backend, prompter=prompter, model_name=backend.model_name,
-                          default_max_tokens=cfg.default_max_tokens)
-        elif cfg.prefix_mode:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
-            assert pool is not None
-            name = cfg.served_model_name or "model"
-            calls = Calls(recorder, backend=UpstreamTokens(pool, tok, name),  # type: ignore[arg-type]
-                          prompter=Prompter(tok, True), model_name=name, default_max_tokens=cfg.default_max_tokens)
-        else:
-            calls = Calls(recorder, pool=pool, model_name=cfg.served_model_name or "model",
-                          default_max_tokens=cfg.default_max_tokens)
-        state.update(calls=calls, recorder=recorder, pool=pool)
+        state.update(serving=Serving(_route(cfg, backend, pool), recorder), recorder=recorder, pool=pool)
         try:
             yield
         finally:
@@ -168,17 +177,17 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
         if status == "finished":
             raise ProxyError(409, f"rollout {rollout_id!r} is finished", code="rollout_finished")
 
-    async def hot(scope, receive, send, chat: bool, path_params: dict) -> None:
+    async def hot(scope, receive, send, adapter: Adapter, path_params: dict) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _HOT_HEADERS}
         try:
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
-            req = parse_json(await _read_body(headers, receive, cfg.max_body_bytes))
-            (check_chat if chat else check_completion)(req)
+            call = adapter.request(parse_json(await _read_body(headers, receive, cfg.max_body_bytes)))
             await _rollout_ok(ident.rollout)
-            calls: Calls = state["calls"]
+            serving: Serving = state["serving"]
             call_id = os.urandom(16).hex()
-            response = await (calls.chat if chat else calls.completions)(req, ident, call_id)
+            wire = adapter.wire(call, call_id, serving.route.model_name)
+            response = await serving.handle(call, ident, call_id, wire)
         except ProxyError as err:
             response = _error(err)
         await response(scope, receive, send)
@@ -229,7 +238,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
     async def finish_rollout(rollout_id: str):
         r = await run_in_threadpool(store.finish, rollout_id)
         known[r.id] = r.status
-        state["calls"].index.forget(r.id)  # here, on the event loop thread that owns the index
+        state["serving"].index.forget(r.id)  # here, on the event loop thread that owns the index
         return _json(rollout_json(r))
 
     @app.get("/harnessrl/rollouts", dependencies=[api])
@@ -256,24 +265,27 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None) -> ProxyAp
         store.weight_version(version, body.path)
         return _json({"version": version})
 
-    return ProxyApp(app, hot)
+    return ProxyApp(app, hot, adapters)
 
 
 class ProxyApp:
-    """The ASGI app: OpenAI POST endpoints go straight to their handler (the hot path skips
+    """The ASGI app: POSTs to an adapter's path go straight to the hot-path handler (skipping
     FastAPI's middleware and routing layers); everything else, lifespan included, to FastAPI."""
 
-    def __init__(self, api: FastAPI, hot) -> None:
+    def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...]) -> None:
         self.api = api
         self._hot = hot
+        self._adapters = {a.path: a for a in adapters}
+        self._hot_path = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>"
+                                    + "|".join(re.escape(p) for p in self._adapters) + ")/?$")
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            m = _HOT_PATH.match(scope["path"])
+            m = self._hot_path.match(scope["path"])
             if m is not None:
                 params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
                 try:
-                    await self._hot(scope, receive, send, m["kind"] == "chat/completions", params)
+                    await self._hot(scope, receive, send, self._adapters[m["kind"]], params)
                 except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
                     err = ProxyError(500, f"internal proxy error: {type(exc).__name__}: {exc}", "server_error")
                     try:

@@ -1,8 +1,14 @@
-"""OpenAI-shaped HTTP errors: `{"error": {"message", "type", "param", "code"}}`."""
+"""OpenAI-shaped HTTP errors: `{"error": {"message", "type", "param", "code"}}`, and the one
+mapping from whatever a route raised to the error the harness gets (4xx: the harness's
+request; 5xx: the proxy, its setup or the upstream)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
+
+from harnessrl.proxy.httpclient import UpstreamConnectionError
 
 
 class ProxyError(Exception):
@@ -21,9 +27,36 @@ class ProxyError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+class BackendRejected(ProxyError):
+    """A request the model backend cannot serve: the harness's mistake (4xx: prompt too long,
+    messages the chat template rejects) or the server's setup (5xx: no chat template)."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "backend_rejected",
+                 param: str | None = None) -> None:
+        super().__init__(status, message, "invalid_request_error" if status < 500 else "server_error", param, code)
+
+
+class UpstreamMalformed(ProxyError):
+    """The upstream answered 200 with something that is not the wire format it promised."""
+
+    def __init__(self, detail: object) -> None:
+        super().__init__(502, f"malformed upstream response: {detail}", "upstream_error", code="upstream_malformed")
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ProxyError:
     return ProxyError(400, message, "invalid_request_error", param, code)
+
+
+def as_proxy_error(exc: BaseException) -> ProxyError:
+    """The error the harness gets for whatever a route raised."""
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, asyncio.TimeoutError):
+        return ProxyError(504, "the upstream did not answer in time", "upstream_timeout", code="timeout")
+    if isinstance(exc, UpstreamConnectionError):
+        return ProxyError(502, str(exc), "upstream_error", code="upstream_unreachable")
+    return ProxyError(500, f"model backend failed: {type(exc).__name__}: {exc}", "server_error", code="backend_error")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import UserError
+from harnessrl.proxy.errors import BackendRejected
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
 
 VERSION_FILE = "harnessrl_version.txt"
@@ -86,32 +87,34 @@ class LocalBackend:
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> list[int]:
         if not self._tokenizer.chat_template:
-            raise UserError(f"the model {self.model_name} has no chat template")
+            raise BackendRejected(f"the model {self.model_name} has no chat template: serve a checkpoint with one",
+                                  status=500, code="no_chat_template")
         try:
             ids = self._tokenizer.apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
             )
         except Exception as exc:  # jinja2 errors and whatever a template raises on odd messages
-            raise UserError(f"cannot render the messages with the chat template: {exc}") from exc
+            raise BackendRejected(f"cannot render the messages with the chat template: {exc}", param="messages",
+                                  code="template_error") from exc
         return [int(i) for i in ids]
 
     def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         config = self._model.config
         if not prompt_ids:
-            raise UserError("the prompt is empty")
+            raise BackendRejected("the prompt is empty")
         if any(not isinstance(i, int) or not 0 <= i < config.vocab_size for i in prompt_ids):
-            raise UserError(f"prompt token ids must be integers in [0, {config.vocab_size})")
+            raise BackendRejected(f"prompt token ids must be integers in [0, {config.vocab_size})")
         if params.max_tokens < 1:
-            raise UserError("max_tokens must be at least 1")
+            raise BackendRejected("max_tokens must be at least 1")
         if not (params.temperature >= 0 and math.isfinite(params.temperature)):
-            raise UserError("temperature must be a finite number >= 0")
+            raise BackendRejected("temperature must be a finite number >= 0")
         if not 0 < params.top_p <= 1:
-            raise UserError("top_p must be in (0, 1]")
+            raise BackendRejected("top_p must be in (0, 1]")
         limit = getattr(config, "max_position_embeddings", None)
         if limit and len(prompt_ids) + params.max_tokens > limit:
-            raise UserError(
+            raise BackendRejected(
                 f"this model's maximum context length is {limit} tokens; the prompt has {len(prompt_ids)} "
-                f"and max_tokens is {params.max_tokens}"
+                f"and max_tokens is {params.max_tokens}", code="context_length_exceeded"
             )
 
     @staticmethod

@@ -17,47 +17,40 @@ import operator
 import queue
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import field, fields, make_dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine
+from sqlalchemy import JSON, Engine
 
-from harnessrl.records import UNASSIGNED_ROLLOUT
-
-
-@dataclass(slots=True)
-class CallRecord:
-    id: str
-    rollout_id: str
-    session_id: str | None
-    agent: str | None
-    parent_call_id: str | None
-    endpoint: str
-    model: str | None
-    stream: bool
-    request: dict[str, Any]
-    response: dict[str, Any] | None = None
-    response_text: str | None = None
-    tool_calls: list[Any] | None = None
-    finish_reason: str | None = None
-    prompt_ids: bytes | None = None
-    completion_ids: bytes | None = None
-    completion_logprobs: bytes | None = None
-    prompt_path: str | None = None
-    prefix_call_id: str | None = None
-    drift: bool | None = None
-    weight_version: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    latency_ms: float | None = None
-    status: str = "ok"
-    error: str | None = None
-    created_at: float = 0.0
+from harnessrl.records import UNASSIGNED_ROLLOUT, Call
 
 
+_CALLS = Call.__table__
+
+
+def _record_class() -> type:
+    """A slots dataclass with one field per column of `calls` but `seq` (allocated at commit):
+    cheap to build on the hot path, and defined by the ORM table alone. Non-null columns without
+    a default are required keywords; the rest default to the column's default, else None."""
+    spec: list[tuple] = []
+    for c in _CALLS.columns:
+        if c.name == "seq":
+            continue
+        if c.default is not None:
+            spec.append((c.name, Any, field(default=c.default.arg)))
+        elif c.nullable:
+            spec.append((c.name, Any, field(default=None)))
+        else:
+            spec.append((c.name, Any))
+    cls = make_dataclass("CallRecord", spec, slots=True, kw_only=True)
+    cls.__module__ = __name__
+    return cls
+
+
+CallRecord = _record_class()
 _COLUMNS = [f.name for f in fields(CallRecord)]
-_JSON_AT = [_COLUMNS.index(c) for c in ("request", "response", "tool_calls")]
+_JSON_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(_CALLS.c[name].type, JSON)]
 _values = operator.attrgetter(*_COLUMNS)
 
 
@@ -77,7 +70,7 @@ class Recorder:
         self._max_batch = max_batch
         mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
         cols = _COLUMNS + ["seq"]
-        self._insert = f"INSERT INTO calls ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
+        self._insert = f"INSERT INTO {_CALLS.name} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
         self._bump = f"UPDATE rollouts SET next_seq = next_seq + {mark} WHERE id = {mark} RETURNING next_seq"
         self._ensure_unassigned = (
             f"INSERT INTO rollouts (id, status, next_seq, created_at) VALUES ({mark}, 'running', 0, {mark}) "

@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.records import Call, Reward, Rollout, WeightVersion
 
-_CALL_FIELDS = ("id", "seq", "session_id", "agent", "parent_call_id", "endpoint", "model", "stream", "response_text",
-                "tool_calls", "finish_reason", "prompt_path", "prefix_call_id", "drift", "weight_version",
-                "prompt_tokens", "completion_tokens", "latency_ms", "status", "error", "created_at")
+# a rollout's calls as the API lists them: every column but the bulky ones (bodies, token arrays)
+_CALL_FIELDS = tuple(c.name for c in Call.__table__.columns if c.name not in {
+    "rollout_id", "request", "response", "prompt_ids", "completion_ids", "completion_logprobs"})
 
 
 def _not_found(what: str, ident: str) -> ProxyError:

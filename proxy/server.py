@@ -31,11 +31,11 @@ def load_backend(cfg: ProxyConfig):
     return LocalBackend(cfg.model, seed=cfg.seed, model_name=cfg.served_model_name)
 
 
-def build_app(cfg: ProxyConfig, backend=None):
-    from harnessrl.proxy.app import create_app
+def build_app(cfg: ProxyConfig, backend=None, adapters=None):
+    from harnessrl.proxy.app import ADAPTERS, create_app
 
     cfg.check()
-    return create_app(cfg, backend if backend is not None else load_backend(cfg))
+    return create_app(cfg, backend if backend is not None else load_backend(cfg), adapters or ADAPTERS)
 
 
 def _uvicorn_config(app, cfg: ProxyConfig) -> uvicorn.Config:
@@ -76,10 +76,11 @@ class RunningProxy:
 
 
 @contextmanager
-def run_proxy(cfg: ProxyConfig, backend=None) -> Iterator[RunningProxy]:
+def run_proxy(cfg: ProxyConfig, backend=None, adapters=None) -> Iterator[RunningProxy]:
     """The proxy on a real socket (port 0: a free one) for the duration of the block.
-    `backend`: an already loaded local backend to share (else loaded from cfg.model)."""
-    app = build_app(cfg, backend)
+    `backend`: an already loaded local backend to share (else loaded from cfg.model);
+    `adapters`: the API surfaces to serve (default: the OpenAI ones, `app.ADAPTERS`)."""
+    app = build_app(cfg, backend, adapters)
     sock = _bind(cfg.host, cfg.port)
     server = uvicorn.Server(_uvicorn_config(app, cfg))
     failure: list[BaseException] = []

@@ -12,10 +12,14 @@ choice carries `weight_versions: [{version, start, end}]` (streams: on its termi
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from harnessrl.proxy.errors import ProxyError
+from harnessrl.proxy.protocol import Delta
 
 
 @dataclass
@@ -43,6 +47,18 @@ def prepare(req: dict, chat: bool) -> tuple[bytes, Wants]:
     if req.get("stream"):
         body["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(body), wants
+
+
+def upstream_error(status: int, body: bytes) -> ProxyError:
+    """The upstream's own OpenAI error when it sent one, else a wrapped one."""
+    try:
+        err = orjson.loads(body)["error"]
+        return ProxyError(status, str(err.get("message")), str(err.get("type") or "upstream_error"),
+                          err.get("param"), err.get("code"))
+    except Exception:  # noqa: BLE001 - not an OpenAI error body
+        text = body[:500].decode("utf-8", "replace")
+        return ProxyError(status if status >= 400 else 502, f"upstream returned HTTP {status}: {text}",
+                          "upstream_error")
 
 
 def _include_usage(req: dict) -> bool:
@@ -108,6 +124,22 @@ def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
             else:
                 ex.text = ch.get("text")
         _strip_choice(ch, wants, chat, "message")
+    return checked(ex)
+
+
+def checked(ex: Extract) -> Extract:
+    """`ex`, once its ids, log-probs and usage have the types the records need (ValueError if not)."""
+    try:  # array() checks every element in C: ints in int32 range, numbers
+        for values, kind in ((ex.prompt_ids, "i"), (ex.completion_ids, "i"), (ex.logprobs, "f")):
+            if values is not None:
+                if not isinstance(values, list):
+                    raise TypeError
+                array(kind, values)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError("token ids must be lists of int32 and log-probs lists of numbers") from None
+    if ex.usage is not None and not (isinstance(ex.usage, dict) and all(
+            isinstance(ex.usage.get(k, 0), int) for k in ("prompt_tokens", "completion_tokens"))):
+        raise ValueError(f"usage must be an object of token counts, got {ex.usage!r:.200}")
     return ex
 
 
@@ -140,8 +172,9 @@ class StreamAssembler:
         self.ex.completion_ids = []
         self.ex.logprobs = []
 
-    def feed(self, chunk: dict) -> dict | None:
-        """Record one chunk; returns the chunk for the harness, or None to drop it."""
+    def feed(self, chunk: dict) -> Delta | None:
+        """Record one chunk; returns its delta for the harness (the stripped chunk as `raw`), or
+        None to drop it. Chunks from the one that finishes on are terminal."""
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
         if self.chat and "prompt_token_ids" in chunk:
@@ -153,15 +186,18 @@ class StreamAssembler:
             if not self.wants.usage_chunk:
                 chunk.pop("usage")
         choices = chunk.get("choices") or []
+        out = Delta(raw=chunk, usage=chunk.get("usage"), terminal=not choices)
         for ch in choices:
             if ch.get("index", 0) == 0:
-                self._feed_choice(ch)
+                self._feed_choice(ch, out)
+            if ch.get("finish_reason"):
+                out.terminal = True
             _strip_choice(ch, self.wants, self.chat, "delta")
         if not choices and not self.wants.usage_chunk:
             return None  # the usage-only chunk the proxy asked for
-        return chunk
+        return out
 
-    def _feed_choice(self, ch: dict) -> None:
+    def _feed_choice(self, ch: dict, out: Delta) -> None:
         ex = self.ex
         if not self.chat and ch.get("prompt_token_ids") is not None:
             ex.prompt_ids = ch["prompt_token_ids"]
@@ -173,17 +209,22 @@ class StreamAssembler:
         if ch.get("weight_versions") is not None:
             ex.weight_version = weight_version_of(ch["weight_versions"])
         if ch.get("finish_reason"):
-            ex.finish_reason = ch["finish_reason"]
+            ex.finish_reason = out.finish_reason = ch["finish_reason"]
         if not self.chat:
             if ch.get("text"):
                 self.content.append(ch["text"])
+                out.content = ch["text"]
             return
         delta = ch.get("delta") or {}
+        out.role = delta.get("role")
         if delta.get("content"):
             self.content.append(delta["content"])
+            out.content = delta["content"]
         r = delta.get("reasoning") or delta.get("reasoning_content")
         if r:
             self.reasoning.append(r)
+            out.reasoning = r
+        out.tool_calls = delta.get("tool_calls") or None
         for tc in delta.get("tool_calls") or []:
             slot = self.tools.setdefault(tc.get("index", 0), {"id": None, "type": "function",
                                                                 "function": {"name": "", "arguments": ""}})
@@ -216,7 +257,7 @@ class StreamAssembler:
                 "choices": [choice], "usage": ex.usage}
         if resp.get("created") is None:
             resp["created"] = int(time.time())
-        return ex, resp
+        return checked(ex), resp
 
 
 def sse_events(buffer: bytearray, data: bytes) -> list[bytes]:

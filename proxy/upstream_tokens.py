@@ -9,21 +9,9 @@ from typing import Any
 import orjson
 
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
-from harnessrl.proxy.errors import ProxyError
+from harnessrl.proxy.errors import UpstreamMalformed
 from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.upstream import sse_events, weight_version_of
-
-
-def upstream_error(status: int, body: bytes) -> ProxyError:
-    """The upstream's own OpenAI error when it sent one, else a wrapped one."""
-    try:
-        err = orjson.loads(body)["error"]
-        return ProxyError(status, str(err.get("message")), str(err.get("type") or "upstream_error"),
-                          err.get("param"), err.get("code"))
-    except Exception:  # noqa: BLE001 - not an OpenAI error body
-        text = body[:500].decode("utf-8", "replace")
-        return ProxyError(status if status >= 400 else 502, f"upstream returned HTTP {status}: {text}",
-                          "upstream_error")
+from harnessrl.proxy.upstream import Extract, checked, sse_events, upstream_error, weight_version_of
 
 
 class UpstreamTokens:
@@ -57,6 +45,12 @@ class UpstreamTokens:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _completion(self, prompt_ids, ids, lps, finish, version) -> Completion:
+        try:
+            checked(Extract(completion_ids=ids, logprobs=lps))
+        except ValueError as exc:
+            raise UpstreamMalformed(exc) from None
+        if len(ids) != len(lps):
+            raise UpstreamMalformed(f"{len(ids)} token ids but {len(lps)} log-probs")
         if version:
             self.weight_version = version
         return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", self.weight_version)
@@ -65,9 +59,13 @@ class UpstreamTokens:
         resp = await self.pool.request("POST", "/v1/completions", self._body(prompt_ids, params, False))
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
-        ch = orjson.loads(resp.body)["choices"][0]
-        return self._completion(prompt_ids, ch["token_ids"], ch["logprobs"]["token_logprobs"],
-                                ch.get("finish_reason"), weight_version_of(ch.get("weight_versions")))
+        try:
+            ch = orjson.loads(resp.body)["choices"][0]
+            ids, lps = ch["token_ids"], ch["logprobs"]["token_logprobs"]
+            finish, version = ch.get("finish_reason"), weight_version_of(ch.get("weight_versions"))
+        except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
+            raise UpstreamMalformed(f"{type(exc).__name__}: {exc}") from None
+        return self._completion(prompt_ids, ids, lps, finish, version)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta | Completion]:
         resp, chunks = await self.pool.stream("POST", "/v1/completions", self._body(prompt_ids, params, True))
@@ -81,14 +79,24 @@ class UpstreamTokens:
             for payload in sse_events(buf, data):
                 if payload == b"[DONE]":
                     continue
-                for ch in orjson.loads(payload).get("choices") or []:
-                    new_ids = ch.get("token_ids") or []
-                    new_lps = (ch.get("logprobs") or {}).get("token_logprobs") or []
-                    text = (ch.get("text") or "").replace(self._eos_text, "")
+                for new_ids, new_lps, text, ch_finish, ch_version in self._chunk(payload):
                     for j, (tid, lp) in enumerate(zip(new_ids, new_lps)):
                         yield TokenDelta(tid, lp, text if j == 0 else "")
                     ids += new_ids
                     lps += new_lps
-                    finish = ch.get("finish_reason") or finish
-                    version = weight_version_of(ch.get("weight_versions")) or version
+                    finish = ch_finish or finish
+                    version = ch_version or version
         yield self._completion(prompt_ids, ids, lps, finish, version)
+
+    def _chunk(self, payload: bytes) -> list[tuple]:
+        """(token ids, log-probs, text, finish reason, weight version) of each choice of a chunk."""
+        try:
+            out = []
+            for ch in orjson.loads(payload).get("choices") or []:
+                ex = checked(Extract(completion_ids=ch.get("token_ids") or [],
+                                     logprobs=(ch.get("logprobs") or {}).get("token_logprobs") or []))
+                out.append((ex.completion_ids, ex.logprobs, (ch.get("text") or "").replace(self._eos_text, ""),
+                            ch.get("finish_reason"), weight_version_of(ch.get("weight_versions"))))
+            return out
+        except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
+            raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None

@@ -14,6 +14,7 @@ import torch
 
 from harnessrl.errors import UserError
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
+from harnessrl.proxy.errors import BackendRejected
 from harnessrl.proxy.local_backend import LocalBackend
 from harnessrl.proxy.toolparse import parse_hermes
 from harnessrl.tiny_model import DEFAULT_TOOL
@@ -173,20 +174,26 @@ def test_imprinted_model_calls_the_given_tool_and_answers_the_result(backend, pr
     assert parse_hermes(answer.text)[1] == [] and answer.text.strip()
 
 
-def test_bad_inputs_are_user_errors(backend, prompt, tmp_path):
+def test_bad_setup_is_a_user_error_and_bad_requests_are_rejected_with_a_4xx(backend, prompt, tmp_path):
     with pytest.raises(UserError, match="not a model directory"):
         LocalBackend(tmp_path / "missing")
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UserError):
         LocalBackend(tmp_path)
-    for params in (SamplingParams(max_tokens=0), SamplingParams(top_p=0.0), SamplingParams(temperature=-1.0),
-                   SamplingParams(max_tokens=10**6)):
-        with pytest.raises(UserError):
+    for params in (SamplingParams(max_tokens=0), SamplingParams(top_p=0.0), SamplingParams(temperature=-1.0)):
+        with pytest.raises(BackendRejected) as bad:
             gen(backend, prompt, **vars(params))
-    with pytest.raises(UserError, match="empty"):
+        assert bad.value.status == 400
+    with pytest.raises(BackendRejected) as long:
+        gen(backend, prompt, max_tokens=10**6)
+    assert (long.value.status, long.value.code) == (400, "context_length_exceeded")
+    with pytest.raises(BackendRejected, match="empty"):
         asyncio.run(backend.generate([], SamplingParams()))
-    with pytest.raises(UserError):
+    with pytest.raises(BackendRejected):
         asyncio.run(backend.generate([10**9], SamplingParams()))
+    with pytest.raises(BackendRejected) as template:
+        backend.render([{"role": "assistant", "content": None, "tool_calls": [{"x": 1}]}])
+    assert (template.value.status, template.value.code) == (400, "template_error")
     with pytest.raises(UserError, match="neither"):
         backend.reload(str(tmp_path / "nowhere"))
 

@@ -174,3 +174,26 @@ def test_weight_push_reloads_and_later_calls_record_the_version(backend, tiny_mo
     with Session() as s:
         assert [(w.version, w.path) for w in s.scalars(select(WeightVersion))] == [("step-1", str(tiny_model_dir))]
     engine.dispose()
+
+
+def test_backend_rejections_are_4xx_setup_problems_5xx_and_both_recorded(backend, tiny_model_dir, tmp_path):
+    db = str(tmp_path / "runs.db")
+    messages = [{"role": "user", "content": "hi"}]
+    template = backend.tokenizer.chat_template
+    with _proxy(db, backend, tiny_model_dir) as proxy:
+        client = _client(proxy.url)
+        for stream in (False, True):  # a stream is refused before its 200 too
+            with pytest.raises(openai.BadRequestError) as long:
+                out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10**6, stream=stream)
+                list(out) if stream else None
+            assert long.value.body["code"] == "context_length_exceeded"
+        backend.tokenizer.chat_template = None  # a checkpoint served without a chat template
+        try:
+            with pytest.raises(openai.InternalServerError) as setup:
+                client.chat.completions.create(model="tiny", messages=messages)
+        finally:
+            backend.tokenizer.chat_template = template
+    assert (setup.value.status_code, setup.value.body["code"]) == (500, "no_chat_template")
+    calls = _calls(db)
+    assert [(c.status, c.error.split(":")[0]) for c in calls] == [("error", "400 invalid_request_error")] * 2 + [
+        ("error", "500 server_error")]

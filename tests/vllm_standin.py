@@ -13,7 +13,9 @@ It "samples" like a model rather than a tokenizer: completion ids are the reply 
 3-character pieces and tool-call JSON is written compactly, so re-rendering the reply through
 the chat template gives different ids (token drift), as real models do.
 
-Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s). Run as a process:
+Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malformed answers with
+status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
+(a stream chunk that is not JSON, after the first content chunk). Run as a process:
 `python tests/vllm_standin.py --tokenizer DIR --port 8001`.
 """
 
@@ -146,7 +148,7 @@ class StandIn:
         body = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
                 "model": model, "choices": [choice], "usage": _usage(prompt, ids),
                 "prompt_token_ids": prompt if opts.ids else None}
-        return Response(orjson.dumps(body), media_type="application/json")
+        return Response(orjson.dumps(_malformed(body, model)), media_type="application/json")
 
     def _chat_lp(self, ids: list[int], lps: list[float]) -> dict:
         return {"content": [{"token": self.tok.convert_ids_to_tokens(t), "logprob": lp, "bytes": None,
@@ -177,6 +179,8 @@ class StandIn:
                 break
             streamed += piece
             yield chunk({"content": piece}, [ids[i]], at=[i])
+            if model == "bad-chunk":
+                yield b"data: {not json\n\n"
             i += 1
         if calls:
             rest = list(range(i, n_text))
@@ -217,7 +221,7 @@ class StandIn:
             choice["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
         body = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
                 "model": model, "choices": [choice], "usage": _usage(prompt, ids)}
-        return Response(orjson.dumps(body), media_type="application/json")
+        return Response(orjson.dumps(_malformed(body, model)), media_type="application/json")
 
     def _text_lp(self, ids, lps) -> dict:
         return {"text_offset": [], "token_logprobs": lps, "tokens": self.tok.convert_ids_to_tokens(ids),
@@ -239,6 +243,8 @@ class StandIn:
             if last and opts.versions:
                 ch["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
             yield b"data: " + orjson.dumps({**base, "choices": [ch]}) + b"\n\n"
+            if model == "bad-chunk":
+                yield b"data: {not json\n\n"
         if opts.usage:
             yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(prompt, ids)}) + b"\n\n"
         yield b"data: [DONE]\n\n"
@@ -260,6 +266,14 @@ class _Opts:
         self.ids = bool(req.get("return_token_ids"))
         self.versions = bool(req.get("return_weight_versions"))
         self.usage = bool((req.get("stream_options") or {}).get("include_usage"))
+
+
+def _malformed(body: dict, model: str) -> dict:
+    if model == "bad-ids" and body["choices"][0].get("token_ids") is not None:
+        body["choices"][0]["token_ids"] = [*body["choices"][0]["token_ids"], "x"]
+    elif model == "bad-usage":
+        body["usage"] = "lots"
+    return body
 
 
 def _usage(prompt: list[int], ids: list[int]) -> dict:

@@ -1,0 +1,81 @@
+"""Pass-through route: forward the harness's request to an OpenAI-compatible upstream (vLLM),
+asking it for token ids, log-probs and weight versions (`upstream.prepare`), and hand back its
+own response with those fields stripped — byte for byte what the upstream said otherwise."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+
+from harnessrl.proxy.errors import UpstreamMalformed
+from harnessrl.proxy.httpclient import Pool
+from harnessrl.proxy.prefix import Turn
+from harnessrl.proxy.protocol import Delta, Prompt, Request, Result
+from harnessrl.proxy.upstream import Extract, StreamAssembler, extract_and_strip, prepare, sse_events
+from harnessrl.proxy.upstream_tokens import upstream_error
+
+
+class PassThroughRoute:
+    eos_ids: frozenset[int] = frozenset()  # the proxy has no tokenizer here
+
+    def __init__(self, pool: Pool, model_name: str) -> None:
+        self.pool = pool
+        self.model_name = model_name
+
+    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
+        if not req.chat:
+            return Prompt("raw")
+        return Prompt("render", turn.call_id if turn else None, turn=turn)
+
+    async def run(self, req: Request, prompt: Prompt) -> Result:
+        body, wants = prepare(req.body, req.chat)
+        resp = await self.pool.request("POST", _path(req), body)
+        if resp.status != 200:
+            raise upstream_error(resp.status, resp.body)
+        try:
+            data = orjson.loads(resp.body)
+            ex = extract_and_strip(data, wants, req.chat)
+        except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
+            raise UpstreamMalformed(exc) from None
+        return _result(ex, data, prompt)
+
+    async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
+        body, wants = prepare(req.body, req.chat)
+        resp, chunks = await self.pool.stream("POST", _path(req), body)
+        if resp.status != 200:
+            raise upstream_error(resp.status, b"".join([c async for c in chunks]))
+        asm = StreamAssembler(wants, req.chat)
+        buf = bytearray()
+        async for data in chunks:
+            batch = []
+            for payload in sse_events(buf, data):
+                if payload == b"[DONE]":
+                    continue
+                try:
+                    delta = asm.feed(orjson.loads(payload))
+                except Exception as exc:  # noqa: BLE001
+                    raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
+                if delta is not None:
+                    batch.append(delta)
+            if batch:
+                yield batch
+        try:
+            ex, full = asm.finish()
+        except Exception as exc:  # noqa: BLE001
+            raise UpstreamMalformed(exc) from None
+        yield _result(ex, full, prompt)
+
+
+def _path(req: Request) -> str:
+    return "/v1/chat/completions" if req.chat else "/v1/completions"
+
+
+def _result(ex: Extract, data: dict, prompt: Prompt) -> Result:
+    drift = None
+    if prompt.turn is not None and ex.prompt_ids is not None:
+        # the upstream's own rendering of an extending call lost the earlier call's exact ids
+        drift = not prompt.turn.starts(ex.prompt_ids)
+    return Result(text=ex.text, finish_reason=ex.finish_reason, usage=ex.usage, message=ex.reply,
+                  prompt_ids=ex.prompt_ids, completion_ids=ex.completion_ids, logprobs=ex.logprobs,
+                  weight_version=ex.weight_version, drift=drift, raw=data)

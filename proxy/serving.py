@@ -1,0 +1,153 @@
+"""Serving a call end to end, for any route and any API adapter: find the earlier call it
+extends, let the route build the prompt and run the model, record the outcome, answer.
+
+Every outcome — an answer, a rejected prompt, a failed or malformed upstream, a stream cut
+short — goes through `_fail` or `_fill` + commit, so it leaves a call record, and the harness
+gets its answer (or its OpenAI-shaped error) only once that record is committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from harnessrl.proxy.errors import ProxyError, as_proxy_error
+from harnessrl.proxy.identity import Identity
+from harnessrl.proxy.prefix import PrefixIndex, Turn
+from harnessrl.proxy.protocol import Delta, Request, Result, Route
+from harnessrl.proxy.recorder import CallRecord, Recorder
+from harnessrl.records import pack_ids, pack_logprobs
+
+
+class Wire(Protocol):
+    """An adapter's output side for one call (see `openai_wire`)."""
+
+    def response(self, result: Result) -> dict: ...
+
+    def chunks(self, deltas: list[Delta]) -> bytes: ...
+
+    def close(self, result: Result) -> bytes: ...
+
+    def error(self, err: ProxyError) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An API surface served at `/v1/{path}`: its request body → an internal `Request`
+    (validated; a bad one raises a 400 `ProxyError` and nothing is recorded), and the wire its
+    answers go out in. Adapters translate; routes never see which API a call came in through."""
+
+    path: str  # under /v1/, e.g. "chat/completions"
+    request: Callable[[dict], Request]
+    wire: Callable[[Request, str, str], Wire]  # (request, call id, served model name) -> Wire
+
+
+class Serving:
+    """One route behind any number of API adapters; owns the in-memory prefix index."""
+
+    def __init__(self, route: Route, recorder: Recorder) -> None:
+        self.route = route
+        self.recorder = recorder
+        self.index = PrefixIndex()
+
+    async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire) -> Response:
+        t0 = time.perf_counter()
+        body = req.body
+        rec = CallRecord(id=call_id, rollout_id=ident.rollout, session_id=ident.session, agent=ident.agent,
+                         parent_call_id=ident.parent_call, endpoint=req.endpoint, model=body.get("model"),
+                         stream=req.stream, request=body, created_at=time.time())
+        headers = {"x-harnessrl-call": call_id}
+        try:
+            turn = self.index.find(_key(ident), req.messages, req.tools) if req.chat else None
+            prompt = self.route.prompt(req, turn)
+            rec.prompt_path, rec.prefix_call_id, rec.drift = prompt.path, prompt.prefix_call_id, prompt.drift
+            if req.stream:
+                events = self.route.stream(req, prompt)
+                first = await anext(events)
+                return StreamingResponse(self._relay(req, ident, rec, wire, first, events, t0),
+                                         media_type="text/event-stream", headers=headers)
+            result = await self.route.run(req, prompt)
+            data = wire.response(result)
+            self._fill(rec, result, data, t0)
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
+            err = as_proxy_error(exc)
+            await self._fail(rec, err, t0)
+            return Response(err.body(), err.status, headers, "application/json")
+        await self._commit(rec)
+        self._remember(rec, ident, req, result)
+        return Response(orjson.dumps(data), 200, headers, "application/json")
+
+    async def _relay(self, req: Request, ident: Identity, rec: CallRecord, wire: Wire, first: list[Delta] | Result,
+                     events: AsyncGenerator[list[Delta] | Result, None], t0: float) -> AsyncIterator[bytes]:
+        """Send deltas as they come, but hold the terminal ones until the call is committed."""
+        held: list[Delta] = []
+        item = first
+        try:
+            try:
+                while not isinstance(item, Result):
+                    ready = []
+                    for d in item:
+                        (held if held or d.terminal else ready).append(d)
+                    if ready:
+                        yield wire.chunks(ready)
+                    item = await anext(events, None)
+                    if item is None:
+                        raise RuntimeError("the model stream ended without a result")
+                result = item
+                self._fill(rec, result, wire.response(result), t0)
+            except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
+                err = as_proxy_error(exc)
+                await self._fail(rec, err, t0)
+                yield wire.error(err)
+                return
+        finally:  # a harness that hung up stops the model too
+            await events.aclose()
+        try:
+            await self._commit(rec)
+        except ProxyError as err:
+            yield wire.error(err)
+            return
+        yield (wire.chunks(held) if held else b"") + wire.close(result)
+        self._remember(rec, ident, req, result)
+
+    def _fill(self, rec: CallRecord, r: Result, data: dict, t0: float) -> None:
+        rec.prompt_ids = pack_ids(r.prompt_ids)
+        rec.completion_ids = pack_ids(r.completion_ids)
+        rec.completion_logprobs = pack_logprobs(r.logprobs)
+        rec.weight_version = r.weight_version
+        u = r.usage or {}
+        rec.prompt_tokens = u.get("prompt_tokens", len(r.prompt_ids) if r.prompt_ids is not None else None)
+        rec.completion_tokens = u.get("completion_tokens",
+                                      len(r.completion_ids) if r.completion_ids is not None else None)
+        rec.finish_reason = r.finish_reason
+        rec.response, rec.response_text, rec.tool_calls = data, r.text, r.tool_calls
+        if r.drift is not None:
+            rec.drift = r.drift
+        rec.latency_ms = (time.perf_counter() - t0) * 1e3
+
+    async def _fail(self, rec: CallRecord, err: ProxyError, t0: float) -> None:
+        rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}"
+        rec.latency_ms = (time.perf_counter() - t0) * 1e3
+        await self._commit(rec)
+
+    async def _commit(self, rec: CallRecord) -> None:
+        try:
+            await self.recorder.commit(rec)
+        except Exception as exc:  # noqa: BLE001 - the harness must not take an unrecorded answer
+            raise ProxyError(500, f"the call could not be recorded: {exc}", "server_error",
+                             code="record_failed") from None
+
+    def _remember(self, rec: CallRecord, ident: Identity, req: Request, r: Result) -> None:
+        if not req.chat or r.message is None or not r.prompt_ids or r.completion_ids is None:
+            return
+        self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,
+                                            r.completion_ids, self.route.eos_ids))
+
+
+def _key(ident: Identity) -> tuple:
+    return (ident.rollout, ident.agent, ident.session)
