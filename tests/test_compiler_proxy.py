@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.client import HarnessRL
-from harnessrl.compiler.classes import TokenText, parse_response
+from harnessrl.compiler.response import parse_response
+from harnessrl.compiler.tokentext import TokenText
 from harnessrl.compiler.export import CompileOptions, Compiler
 from harnessrl.compiler.schema import ACTION
 from harnessrl.db import open_db
