@@ -86,7 +86,7 @@ class TokenText:
 
     def check_ids(self, ids: np.ndarray, where: str, tokenizer: str) -> None:
         """A UserError naming the tokenizer and the first id it has no token for."""
-        if len(ids) and (int(ids.max()) >= self.sep or int(ids.min()) < 0):
-            bad = int(ids[(ids >= self.sep) | (ids < 0)][0])
+        if len(ids) and int(ids.max()) >= self.sep:
+            bad = int(ids[ids >= self.sep][0])
             raise UserError(f"token id {bad} of {where} is outside the vocabulary of the tokenizer {tokenizer} "
                             f"({self.sep} tokens): compile with the tokenizer of the recorded model (--tokenizer)")
