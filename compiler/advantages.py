@@ -52,15 +52,13 @@ def load_adv_config(path: Path | None, **overrides) -> AdvantageConfig:
             text = Path(path).read_text()
         except OSError as exc:
             raise UserError(f"--adv-config {path}: {exc.strerror}") from None
-        try:
-            if str(path).endswith(".json"):
-                values = json.loads(text)
-            else:
-                import yaml
+        import yaml
 
-                values = yaml.safe_load(text) or {}
-        except ValueError as exc:  # json and yaml errors are ValueErrors
-            raise UserError(f"--adv-config {path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: "
+        is_json = str(path).endswith(".json")
+        try:
+            values = json.loads(text) if is_json else (yaml.safe_load(text) or {})
+        except (ValueError, yaml.YAMLError) as exc:
+            raise UserError(f"--adv-config {path}: not valid {'JSON' if is_json else 'YAML'}: "
                             f"{str(exc).splitlines()[0]}") from None
         if not isinstance(values, dict):
             raise UserError(f"--adv-config {path}: expected a mapping of field: value")
