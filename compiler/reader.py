@@ -203,12 +203,7 @@ class Reader:
         if placed:
             tt = self.token_text
             completions = [t.nodes[i].call.completion for _, t, i in placed]
-            top = [max(int(c.max(initial=0)), int(t.nodes[i].call.prompt.max(initial=0)))
-                   for (_, t, i), c in zip(placed, completions)]
-            if max(top) >= tt.sep:  # a tokenizer other than the recorded model's
-                k = next(k for k, m in enumerate(top) if m >= tt.sep)
-                c = placed[k][1].nodes[placed[k][2]].call
-                tt.check_ids(np.concatenate([c.prompt, c.completion]), f"call {c.call_id}", self.tokenizer_dir())
+            self._check_vocabulary(placed, tt)
             classes = batch_token_classes(completions, tt, [extra[t.nodes[i].call.call_id][1] for _, t, i in placed],
                                           self.class_config)
             for (w, tree, i), cls in zip(placed, classes):
@@ -217,6 +212,22 @@ class Reader:
                 w.units[c.call_id] = Unit(c, tree, i, cls, text or "", native)
         self._edges(list(works.values()))
         return list(works.values())
+
+    def _check_vocabulary(self, placed: list[tuple[RolloutWork, SessionTree, int]], tt: TokenText) -> None:
+        """Every recorded id must be a token of this tokenizer (else it is another model's). A
+        prompt is checked only past its parent's S (the rest was checked there): one max over
+        about the emitted tokens, not the recorded ones."""
+        pieces = []
+        for _, tree, i in placed:
+            node = tree.nodes[i]
+            start = tree.nodes[node.parent].call.s_len if node.parent >= 0 else 0
+            pieces.append(node.call.prompt[start:])
+            pieces.append(node.call.completion)
+        if int(np.concatenate(pieces).max(initial=0)) < tt.sep:
+            return
+        for _, tree, i in placed:
+            c = tree.nodes[i].call
+            tt.check_ids(np.concatenate([c.prompt, c.completion]), f"call {c.call_id}", self.tokenizer_dir())
 
     def _edges(self, works: list[RolloutWork]) -> None:
         """Cross-session edges: the recorded parent call, else inferred (METHODS §2)."""
