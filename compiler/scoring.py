@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from harnessrl.compiler.matchtir import call_rewards, reference_calls, turn_rewards
 from harnessrl.compiler.reader import Reader, RolloutWork, Unit
-from harnessrl.compiler.rewards import RewardFn, call_valid, dispatch_ok, f1, observed_results
+from harnessrl.compiler.rewards import RewardFn, call_valid, dispatch_ok, f1, observed_results, tool_format
 from harnessrl.records import Reward
 
 
@@ -86,8 +86,8 @@ class Scorer:
                     tools = requests[u.call.call_id].get("tools")
                     u.calls_attempted = len(u.parse().calls)
                     u.calls_valid = sum(call_valid(c, tools) for c in u.parse().calls)
-                    if "tool_format" in self.process:  # fraction valid; 1.0 with no call (METHODS §4)
-                        u.process["tool_format"] = u.calls_valid / u.calls_attempted if u.calls_attempted else 1.0
+                    if "tool_format" in self.process:
+                        u.process["tool_format"] = tool_format(u.parse().calls, tools)
             if "dispatch_ok" in self.process:
                 for u in w.units.values():
                     nxt = result_call(u)
