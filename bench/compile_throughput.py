@@ -106,16 +106,18 @@ def run_compile(db: str, tok_dir: str, out: str, queue) -> None:
 
 def run_naive(db: str, tok_dir: str, out: str, queue) -> None:
     """Baseline: one sample per call (S_c with its completion trainable), same reader and writer."""
-    from harnessrl.compiler.export import CompileOptions, Compiler, SampleWriter
+    from harnessrl.compiler.reader import Reader
+    from harnessrl.compiler.writer import SampleWriter
+    from harnessrl.db import open_db
 
     start, cpu = time.perf_counter(), time.process_time()
-    comp = Compiler(db, CompileOptions(out=Path(out), tokenizer=tok_dir))
+    reader = Reader(open_db(db)[0], tok_dir)
     Path(out).mkdir(parents=True, exist_ok=True)
     writer = SampleWriter(Path(out) / "naive.parquet", 4_000_000)
     emitted = 0
-    rollouts = comp.select_rollouts()
+    rollouts = reader.select_rollouts()
     for i in range(0, len(rollouts), 256):
-        for w in comp.read_batch(rollouts[i:i + 256]):
+        for w in reader.read_batch(rollouts[i:i + 256]):
             for u in w.units.values():
                 c = u.call
                 n = c.s_len

@@ -1,18 +1,25 @@
-"""Advantage estimators (METHODS §5). Pure functions over per-rollout / per-unit rewards.
+"""Advantage estimators' math (METHODS §5). Pure functions over per-rollout / per-unit rewards;
+`estimators.py` maps compiled rollouts onto them.
 
-Every normalisation is `(x − mean) / (std + eps)` over a group; a group of one uses mean 0 and
-std 1. `std` is the unbiased sample std by default (`population` on request).
+Every normalisation is `(x − mean) / (std + eps)` over a group. A group (or bucket) of one has
+no baseline: its advantage is 0 by default (`singleton="zero"`), or its raw value with mean 0
+and std 1 (`singleton="raw"`); each such group is counted in `counts` when one is given.
+`std` is the unbiased sample std by default (`population` on request).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
+from collections import Counter, defaultdict
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
-ESTIMATORS = ("grpo", "harness", "matpo", "matchtir")
+from harnessrl.errors import UserError
+
+_CHOICES = {"std": ("sample", "population"), "proc_norm": ("index", "all"), "singleton": ("zero", "raw")}
 
 
 @dataclass(frozen=True)
@@ -25,11 +32,58 @@ class AdvantageConfig:
     matpo_fmt: float = 0.1
     gamma: float = 0.9  # matchtir discount
     alpha: float = 1.0  # matchtir: 1 (paper) or 0.5 (reference code)
+    lambda_pen: float = 0.0  # matchtir: reward of an unmatched predicted call is −λ_pen
+    singleton: str = "zero"  # a group or bucket of one: advantage 0 | its raw value (mean 0, std 1)
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise UserError(f"advantage config {name}={getattr(self, name)!r}: use {' or '.join(allowed)}")
+
+    def as_dict(self) -> dict[str, float | str]:
+        return asdict(self)
 
 
-def normalize(values, cfg: AdvantageConfig = AdvantageConfig()) -> np.ndarray:
+def load_adv_config(path: Path | None, **overrides) -> AdvantageConfig:
+    """An AdvantageConfig from a YAML/JSON file of field: value, then `overrides` (not None)."""
+    values: dict = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise UserError(f"--adv-config {path}: {exc.strerror}") from None
+        import yaml
+
+        is_json = str(path).endswith(".json")
+        try:
+            values = json.loads(text) if is_json else (yaml.safe_load(text) or {})
+        except (ValueError, yaml.YAMLError) as exc:
+            raise UserError(f"--adv-config {path}: not valid {'JSON' if is_json else 'YAML'}: "
+                            f"{str(exc).splitlines()[0]}") from None
+        if not isinstance(values, dict):
+            raise UserError(f"--adv-config {path}: expected a mapping of field: value")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name: f.type for f in fields(AdvantageConfig)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise UserError(f"--adv-config: unknown field {unknown[0]!r}: use {', '.join(known)}")
+    for k, v in values.items():
+        default = getattr(AdvantageConfig, k)
+        if isinstance(default, float) and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+            raise UserError(f"--adv-config: {k} must be a number, got {v!r}")
+        if isinstance(default, float):
+            values[k] = float(v)
+    return AdvantageConfig(**values)
+
+
+def normalize(values, cfg: AdvantageConfig = AdvantageConfig(), counts: Counter | None = None,
+              kind: str = "singleton_groups") -> np.ndarray:
     x = np.asarray(values, dtype=np.float64)
     if len(x) == 1:
+        if counts is not None:
+            counts[kind] += 1
+        if cfg.singleton == "zero":
+            return np.zeros(1)
         mean, std = 0.0, 1.0
     else:
         mean, std = x.mean(), x.std(ddof=1 if cfg.std == "sample" else 0)
@@ -44,22 +98,22 @@ def _by_group(groups: dict[str, str], keys) -> dict[str, list]:
 
 
 def grpo(outcome: dict[str, float], groups: dict[str, str],
-         cfg: AdvantageConfig = AdvantageConfig()) -> dict[str, float]:
+         cfg: AdvantageConfig = AdvantageConfig(), counts: Counter | None = None) -> dict[str, float]:
     """A_e: the rollout's outcome normalised over its group."""
     out: dict[str, float] = {}
     for members in _by_group(groups, outcome).values():
-        for e, a in zip(members, normalize([outcome[e] for e in members], cfg)):
+        for e, a in zip(members, normalize([outcome[e] for e in members], cfg, counts)):
             out[e] = float(a)
     return out
 
 
 def harness(outcome: dict[str, float], groups: dict[str, str],
             units: dict[Hashable, tuple[str, str, int, float | None]],
-            cfg: AdvantageConfig = AdvantageConfig()) -> dict[Hashable, float]:
+            cfg: AdvantageConfig = AdvantageConfig(), counts: Counter | None = None) -> dict[Hashable, float]:
     """A_{e,j} = Â_e + λ_proc·Ã^proc_{e,j}. `units`: unit → (rollout, agent, index j, process
     reward or None). Ã^proc normalises r over the group's units with the same agent and j
     (or all the group's units); a unit without a process reward gets Ã = 0."""
-    a_out = grpo(outcome, groups, cfg)
+    a_out = grpo(outcome, groups, cfg, counts)
     buckets: dict[tuple, list[Hashable]] = defaultdict(list)
     for u, (e, agent, j, r) in units.items():
         if r is not None:
@@ -67,7 +121,7 @@ def harness(outcome: dict[str, float], groups: dict[str, str],
             buckets[key].append(u)
     proc: dict[Hashable, float] = {}
     for members in buckets.values():
-        for u, v in zip(members, normalize([units[u][3] for u in members], cfg)):
+        for u, v in zip(members, normalize([units[u][3] for u in members], cfg, counts, "singleton_buckets")):
             proc[u] = float(v)
     return {u: a_out[e] + cfg.lambda_proc * proc.get(u, 0.0) for u, (e, _, _, _) in units.items()}
 
@@ -80,11 +134,12 @@ def matpo_reward(acc: float, fmt_planner: float, fmt_workers: list[float],
 
 
 def matpo(acc: dict[str, float], fmt_planner: dict[str, float], fmt_workers: dict[str, list[float]],
-          groups: dict[str, str], cfg: AdvantageConfig = AdvantageConfig()) -> dict[str, float]:
+          groups: dict[str, str], cfg: AdvantageConfig = AdvantageConfig(),
+          counts: Counter | None = None) -> dict[str, float]:
     """One scalar per rollout, normalised over the group's planner rollouts; the caller
     broadcasts it to the planner's and the workers' samples of that rollout."""
     rewards = {e: matpo_reward(acc[e], fmt_planner[e], fmt_workers.get(e, []), cfg) for e in acc}
-    return grpo(rewards, groups, cfg)
+    return grpo(rewards, groups, cfg, counts)
 
 
 def discounted_returns(r: list[float], gamma: float) -> list[float]:
@@ -97,15 +152,15 @@ def discounted_returns(r: list[float], gamma: float) -> list[float]:
 
 
 def matchtir(turn_rewards: dict[str, list[float]], groups: dict[str, str],
-             cfg: AdvantageConfig = AdvantageConfig()) -> dict[str, list[float]]:
+             cfg: AdvantageConfig = AdvantageConfig(), counts: Counter | None = None) -> dict[str, list[float]]:
     """A_{k,t} = α(A^g_k + A^l_{k,t}): A^g from R_k = Σ_t r_{k,t} over the group, A^l from the
     discounted return G_{k,t} normalised over the group's rollouts that have a turn t."""
-    a_g = grpo({k: float(sum(r)) for k, r in turn_rewards.items()}, groups, cfg)
+    a_g = grpo({k: float(sum(r)) for k, r in turn_rewards.items()}, groups, cfg, counts)
     returns = {k: discounted_returns(r, cfg.gamma) for k, r in turn_rewards.items()}
     a_l = {k: [0.0] * len(r) for k, r in turn_rewards.items()}
     for members in _by_group(groups, turn_rewards).values():
         for t in range(max(len(turn_rewards[k]) for k in members)):
             at_t = [k for k in members if t < len(returns[k])]
-            for k, v in zip(at_t, normalize([returns[k][t] for k in at_t], cfg)):
+            for k, v in zip(at_t, normalize([returns[k][t] for k in at_t], cfg, counts, "singleton_buckets")):
                 a_l[k][t] = float(v)
     return {k: [cfg.alpha * (a_g[k] + l) for l in a_l[k]] for k in turn_rewards}

@@ -26,22 +26,31 @@ def compile_cmd(
     run: str | None = typer.Option(None, "--run", help="Only rollouts of this run."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir)."),
     matcher: str = typer.Option("hungarian", "--matcher", help="MatchTIR matcher: hungarian | greedy."),
-    std: str = typer.Option("sample", "--std", help="Normalisation std: sample | population."),
+    std: str | None = typer.Option(None, "--std", help="Normalisation std: sample | population (default sample)."),
+    adv_config: Path | None = typer.Option(None, "--adv-config", help="YAML/JSON file of advantage constants: "
+                                           "lambda_proc, lambda_pen, gamma, alpha, eps, std, proc_norm, matpo_acc, "
+                                           "matpo_fmt, singleton (flags override it)."),
+    singleton: str | None = typer.Option(None, "--singleton", help="A group or turn bucket of one rollout: "
+                                         "zero (advantage 0, default) | raw (its raw value)."),
+    missing_outcome: str = typer.Option("skip", "--missing-outcome", help="Rollouts without an outcome reward: "
+                                        "skip (left out of groups and samples) | zero (scored 0)."),
+    unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
+                                        "marker: args | reasoning."),
 ) -> None:
     """Compile recorded calls into training samples (Parquet) with rewards and advantages."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from harnessrl.compiler.advantages import AdvantageConfig
+    from harnessrl.compiler.advantages import load_adv_config
     from harnessrl.compiler.export import CompileOptions, Compiler
-    from harnessrl.compiler.summary import summary_table
-    from harnessrl.errors import UserError
+    from harnessrl.compiler.labels import ClassConfig
+    from harnessrl.compiler.summary import summary_notes, summary_table
 
-    if std not in ("sample", "population"):
-        raise UserError(f"--std {std!r}: use sample or population")
     opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
-                          tokenizer=tokenizer, matcher=matcher, adv_config=AdvantageConfig(std=std))
+                          tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
+                          adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
+                          class_config=ClassConfig(unmarked_answer=unmarked_answer))
     compiler = Compiler(db, opts)
     console = Console()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -49,6 +58,8 @@ def compile_cmd(
         task = bar.add_task("compiling rollouts", total=None)
         stats = compiler.run(lambda done, total: bar.update(task, completed=done, total=total))
     console.print(summary_table(stats["totals"]))
+    for note in summary_notes(stats):
+        console.print(note)
     console.print(f"samples written to [bold]{out / 'samples.parquet'}[/bold]")
 
 
@@ -61,7 +72,7 @@ def inspect_cmd(
     """Print a rollout's session trees: calls, agents, merges and breaks, token classes coloured."""
     from rich.console import Console
 
-    from harnessrl.compiler.inspect import rollout_tree
+    from harnessrl.compiler.show import rollout_tree
 
     Console().print(rollout_tree(db, rollout, tokenizer, max_chars))
 

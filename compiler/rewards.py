@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from harnessrl.compiler.classes import ParsedCall
+from harnessrl.compiler.response import ParsedCall
 from harnessrl.errors import UserError
 
 RewardFn = Callable[[str, Any], float]

@@ -12,6 +12,8 @@ _ROWS = (
     ("merges", "merges (extends)"), ("roots_start", "roots: session start"), ("roots_branch", "roots: branch"),
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),
     ("untrained_sessions", "sessions not trained"), ("no_outcome", "rollouts without outcome"),
+    ("skipped_no_outcome", "  left out (no outcome)"), ("singleton_groups", "groups of one rollout"),
+    ("singleton_buckets", "turn buckets of one"),
     ("tokens_recorded", "tokens recorded (Σ|S_c|)"), ("tokens_emitted", "tokens emitted"),
     ("token_saving", "token saving"), ("trainable_tokens", "trainable tokens"),
     ("class_reasoning", "  reasoning"), ("class_action", "  action"), ("class_args", "  args"),
@@ -29,3 +31,20 @@ def summary_table(totals: dict[str, Any]) -> Table:
     if totals.get("seconds"):
         table.add_row("recorded tokens/s", f"{totals.get('tokens_recorded', 0) / totals['seconds']:,.0f}")
     return table
+
+
+def summary_notes(stats: dict[str, Any]) -> list[str]:
+    """Lines that say what the compile did with data it could not score as usual."""
+    t, o = stats["totals"], stats["options"]
+    notes = []
+    if t.get("skipped_no_outcome"):
+        notes.append(f"{t['skipped_no_outcome']:,} rollouts had no outcome reward: left out of the group statistics "
+                     "and the samples (--missing-outcome zero scores them 0)")
+    elif t.get("no_outcome") and o.get("missing_outcome") == "zero":
+        notes.append(f"{t['no_outcome']:,} rollouts had no outcome reward: scored 0 (--missing-outcome zero)")
+    single = t.get("singleton_groups", 0) + t.get("singleton_buckets", 0)
+    if single:
+        how = "advantage 0" if o["adv_config"]["singleton"] == "zero" else "their raw value as advantage"
+        notes.append(f"{t.get('singleton_groups', 0):,} groups and {t.get('singleton_buckets', 0):,} turn buckets had "
+                     f"a single rollout: {how} (--singleton)")
+    return notes

@@ -24,7 +24,7 @@ import math
 import re
 from typing import Any
 
-from harnessrl.compiler.classes import parse_response
+from harnessrl.compiler.response import parse_response
 
 _PARAGRAPHS = re.compile(r"\n\s*\n")
 _JSON_OBJECT = re.compile(r"\{\s*\"[^\"]+\"\s*:")

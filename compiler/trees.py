@@ -101,33 +101,69 @@ def _root_cause(tree: SessionTree, prompt: np.ndarray) -> str:
     return "rewrite"
 
 
+def _insert(tree: SessionTree, call: CallTokens) -> None:
+    parent = _deepest_prefix(tree, call.prompt)
+    idx = len(tree.nodes)
+    if parent >= 0:
+        tree.nodes.append(Node(call, parent, None, tree.nodes[parent].decision_index + 1))
+        tree.nodes[parent].children.append(idx)
+    else:
+        cause = _root_cause(tree, call.prompt)
+        # a retry of the first turn is turn 0 again; a rewritten context continues the session
+        index = 0 if cause in ("start", "branch") else 1 + max(n.decision_index for n in tree.nodes)
+        tree.nodes.append(Node(call, -1, cause, index))
+        tree.roots.append(idx)
+    at = bisect.bisect_right(tree.neg_lengths, -call.s_len)
+    tree.by_length.insert(at, idx)
+    tree.neg_lengths.insert(at, -call.s_len)
+
+
 def build_tree(key: str, calls: list[CallTokens]) -> SessionTree:
     """Insert one session's calls (any order; sorted by seq here) into a prefix tree."""
     tree = SessionTree(key)
     for call in sorted(calls, key=lambda c: c.seq):
-        parent = _deepest_prefix(tree, call.prompt)
-        idx = len(tree.nodes)
-        if parent >= 0:
-            tree.nodes.append(Node(call, parent, None, tree.nodes[parent].decision_index + 1))
-            tree.nodes[parent].children.append(idx)
-        else:
-            cause = _root_cause(tree, call.prompt)
-            # a retry of the first turn is turn 0 again; a rewritten context continues the session
-            index = 0 if cause in ("start", "branch") else 1 + max(n.decision_index for n in tree.nodes)
-            tree.nodes.append(Node(call, -1, cause, index))
-            tree.roots.append(idx)
-        at = bisect.bisect_right(tree.neg_lengths, -call.s_len)
-        tree.by_length.insert(at, idx)
-        tree.neg_lengths.insert(at, -call.s_len)
+        _insert(tree, call)
     return tree
 
 
-def build_forest(calls: list[CallTokens]) -> list[SessionTree]:
-    """One tree per session key of a rollout, keys in order of their first call."""
-    by_key: dict[str, list[CallTokens]] = {}
+def _new_unnamed_session(tree: SessionTree, call: CallTokens, central_since: bool) -> bool:
+    """Does this call of an unnamed sub-agent start a new session rather than continue (or
+    compress) the current one? Only a call that would be a rewrite root can; it does when its
+    recorded parent call differs from the session's, or, with no parent recorded, when the
+    central agent made a call since this agent's previous one (it dispatched again)."""
+    if _deepest_prefix(tree, call.prompt) >= 0 or _root_cause(tree, call.prompt) != "rewrite":
+        return False
+    parent = tree.nodes[0].call.parent_call_id
+    if call.parent_call_id and parent:
+        return call.parent_call_id != parent
+    return central_since
+
+
+def build_forest(calls: list[CallTokens], central: str | None = None) -> list[SessionTree]:
+    """One tree per session of a rollout, in order of their first call. A session is the key
+    (session id, else agent); calls of a sub-agent (not `central`) without a session id are
+    split into one session per dispatch (keys `agent:NAME`, `agent:NAME#2`, …), so each
+    worker's turns count from 0."""
+    current: dict[str, SessionTree] = {}
+    trees: list[SessionTree] = []
+    count: dict[str, int] = {}
+    last_seq: dict[str, int] = {}
+    last_central = -1
     for c in sorted(calls, key=lambda c: c.seq):
-        by_key.setdefault(c.key, []).append(c)
-    return [build_tree(k, cs) for k, cs in by_key.items()]
+        tree = current.get(c.key)
+        if (tree is not None and central is not None and c.session_id is None and c.agent != central
+                and _new_unnamed_session(tree, c, last_central > last_seq[c.key])):
+            count[c.key] = count.get(c.key, 1) + 1
+            tree = None
+        if tree is None:
+            n = count.get(c.key, 1)
+            tree = current[c.key] = SessionTree(c.key if n == 1 else f"{c.key}#{n}")
+            trees.append(tree)
+        _insert(tree, c)
+        last_seq[c.key] = c.seq
+        if c.agent == central:
+            last_central = c.seq
+    return trees
 
 
 def linear_paths(tree: SessionTree) -> list[LinearPath]:

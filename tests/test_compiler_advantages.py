@@ -1,12 +1,14 @@
 """Advantage estimators (METHODS §5) against numbers worked out by hand."""
 
 import math
+from collections import Counter
 
 import pytest
 
 from harnessrl.compiler import advantages as adv
 
 EPS = 1e-6
+RAW = adv.AdvantageConfig(singleton="raw")  # a group of one keeps its raw value (mean 0, std 1)
 R2 = 1 / math.sqrt(2)  # any two distinct values normalise to ±1/√2 with the sample std
 
 
@@ -16,17 +18,22 @@ def test_normalize_sample_population_and_group_of_one():
     # population std 0.5 → ±0.5/(0.5+1e-6)
     pop = adv.AdvantageConfig(std="population")
     assert adv.normalize([1, 0, 0, 1], pop).tolist() == pytest.approx([0.999998, -0.999998, -0.999998, 0.999998])
-    # a group of one: mean 0, std 1 → 0.7/(1+1e-6)
-    assert adv.normalize([0.7]).tolist() == [0.7 / (1 + EPS)]
+    # a group of one has no baseline: 0 by default, counted; raw: mean 0, std 1 → 0.7/(1+1e-6)
+    counts = Counter()
+    assert adv.normalize([0.7], counts=counts).tolist() == [0.0] and counts == {"singleton_groups": 1}
+    assert adv.normalize([0.7], RAW).tolist() == [0.7 / (1 + EPS)]
     # equal rewards: std 0 → 0/(0+eps) = 0
     assert adv.normalize([0.3, 0.3]).tolist() == [0.0, 0.0]
 
 
 def test_grpo():
-    out = adv.grpo({"e1": 1, "e2": 0, "e3": 0, "e4": 1, "e5": 0.7},
-                   {"e1": "g1", "e2": "g1", "e3": "g1", "e4": "g1", "e5": "g2"})
+    rewards = {"e1": 1, "e2": 0, "e3": 0, "e4": 1, "e5": 0.7}
+    groups = {"e1": "g1", "e2": "g1", "e3": "g1", "e4": "g1", "e5": "g2"}
+    counts = Counter()
+    out = adv.grpo(rewards, groups, counts=counts)
     assert out["e1"] == pytest.approx(0.866025, abs=1e-5) and out["e2"] == pytest.approx(-0.866025, abs=1e-5)
-    assert out["e5"] == pytest.approx(0.7 / (1 + EPS), abs=1e-12)
+    assert out["e5"] == 0.0 and counts["singleton_groups"] == 1  # g2 has one rollout: no baseline
+    assert adv.grpo(rewards, groups, RAW)["e5"] == pytest.approx(0.7 / (1 + EPS), abs=1e-12)
 
 
 def test_harness_outcome_plus_process_by_agent_and_index():
@@ -36,9 +43,14 @@ def test_harness_outcome_plus_process_by_agent_and_index():
         "e1p0": ("e1", "planner", 0, 1.0), "e1p1": ("e1", "planner", 1, 0.5), "e1w0": ("e1", "worker", 0, 1.0),
         "e2p0": ("e2", "planner", 0, 0.0), "e2p1": ("e2", "planner", 1, None),
     }
-    a = adv.harness(outcome, groups, units)
+    counts = Counter()
+    zero = adv.harness(outcome, groups, units, counts=counts)
+    # buckets of one ((planner,1), (worker,0)) get Ã = 0 by default and are counted
+    assert zero["e1p1"] == pytest.approx(R2, abs=1e-5) and zero["e1w0"] == pytest.approx(R2, abs=1e-5)
+    assert counts == {"singleton_buckets": 2}
+    a = adv.harness(outcome, groups, units, RAW)
     # Â = ±1/√2 = ±0.707107. Ã: (planner,0) over [1, 0] → ±0.707107; (planner,1) only e1's 0.5 →
-    # group of one 0.5/(1+eps); (worker,0) only 1.0 → 1/(1+eps); e2p1 has no process reward → 0
+    # raw: 0.5/(1+eps); (worker,0) only 1.0 → 1/(1+eps); e2p1 has no process reward → 0
     assert a["e1p0"] == pytest.approx(R2 + 0.1 * R2, abs=1e-5)  # 0.777817
     assert a["e1p1"] == pytest.approx(R2 + 0.05, abs=1e-5)  # 0.757107
     assert a["e1w0"] == pytest.approx(R2 + 0.1, abs=1e-5)  # 0.807107
@@ -71,11 +83,14 @@ def test_matchtir_global_plus_discounted_local():
     groups = {"k1": "g", "k2": "g"}
     # A^g: R = [1.5, 0.75] → k1 +1/√2, k2 −1/√2
     # G: k1 [1.4, 1.0]; k2 [0.63, 0.7, 0.5]. A^l at t0: [1.4, .63] → ±1/√2; t1: [1.0, 0.7] → ±1/√2;
-    # t2: only k2 → 0.5/(1+eps)
-    a = adv.matchtir(turns, groups)
+    # t2: only k2 → 0 by default (a bucket of one), raw 0.5/(1+eps)
+    counts = Counter()
+    zero = adv.matchtir(turns, groups, counts=counts)
+    assert zero["k2"][2] == pytest.approx(-R2, abs=1e-5) and counts == {"singleton_buckets": 1}
+    a = adv.matchtir(turns, groups, RAW)
     assert a["k1"] == pytest.approx([2 * R2, 2 * R2], abs=1e-5)
     assert a["k2"] == pytest.approx([-2 * R2, -2 * R2, -R2 + 0.5], abs=1e-5)  # last: -0.207107
-    half = adv.matchtir(turns, groups, adv.AdvantageConfig(alpha=0.5))
+    half = adv.matchtir(turns, groups, adv.AdvantageConfig(alpha=0.5, singleton="raw"))
     assert half["k2"][2] == pytest.approx(0.5 * (-R2 + 0.5), abs=1e-5)  # -0.103553
     # three rollouts, one turn each: G = r; R = r: A^g = A^l = normalise([1, 0, 0.5]) = [1, -1, 0]
     # (mean 0.5, sample std 0.5); A = 2·[1, -1, 0] with eps

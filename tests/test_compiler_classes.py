@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-from harnessrl.compiler.classes import TokenText, batch_token_classes, label_bytes, parse_response, token_classes
+from harnessrl.compiler.labels import ClassConfig, batch_token_classes, label_bytes, token_classes
+from harnessrl.compiler.response import parse_response
+from harnessrl.compiler.tokentext import TokenText
+from harnessrl.errors import UserError
 from harnessrl.compiler.schema import ACTION as A
 from harnessrl.compiler.schema import ARGS as G
 from harnessrl.compiler.schema import FORMAT as F
@@ -93,7 +96,24 @@ def test_boundary_token_takes_the_higher_class(tok, tt):
 
 
 def test_think_opened_by_the_template(tok, tt):
-    check(tok, tt, [("plan first\n", R), ("</think>", F), ("\n\n", F), ("The answer is alpha.", R), ("<|im_end|>", F)])
+    # no call and no marker: the text after </think> is the final answer, args (METHODS §3)
+    check(tok, tt, [("plan first\n", R), ("</think>", F), ("\n\n", F), ("The answer is alpha.", G), ("<|im_end|>", F)])
+
+
+def test_unmarked_final_answer_class_option(tok, tt):
+    text = "plan first\n</think>\n\nThe answer is alpha.<|im_end|>"
+    ids = np.array(tok.encode(text, add_special_tokens=False), dtype=np.int32)
+    raw, offsets = tt.decode(ids)
+    answer = slice(raw.index(b"The"), raw.index(b"<|im_end|>"))
+    default = label_bytes(raw, [])
+    assert set(default[answer].tolist()) == {G}
+    assert set(label_bytes(raw, [], cfg=ClassConfig(unmarked_answer="reasoning"))[answer].tolist()) == {R}
+    # without a think block the whole content is the answer; with a call it stays reasoning
+    assert set(label_bytes(b"Paris", []).tolist()) == {G}
+    calling = b'look it up <tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>'
+    assert label_bytes(calling, [])[:10].tolist() == [R] * 10
+    with pytest.raises(UserError, match="unmarked answer class 'final'"):
+        ClassConfig(unmarked_answer="final")
 
 
 def test_native_tool_calls_found_in_raw_text(tok, tt):

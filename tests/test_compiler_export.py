@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from harnessrl.compiler.advantages import AdvantageConfig
 from harnessrl.compiler.export import CompileOptions, Compiler
 from harnessrl.compiler.schema import ACTION, ARGS, SAMPLE_SCHEMA
 from harnessrl.db import open_db
@@ -187,8 +188,8 @@ def test_compile_grpo_central(fixture_db, tmp_path, tiny_model_dir, tok):
     assert all(v is None for v in c3["behaviour_logprob"][len(calls["c3"][0]):])
     n2 = len(calls["c2"][0])
     assert c3["behaviour_logprob"][n2:n2 + len(calls["c2"][1])] == pytest.approx(calls["c2"][2])
-    # group of one: 0.5 / (1 + 1e-6)
-    assert max(c3["advantage"]) == pytest.approx(0.5 / (1 + 1e-6))
+    # r3 is a group of one: no baseline, advantage 0 by default, and it is counted
+    assert set(c3["advantage"]) == {0.0} and t["singleton_groups"] == 1
     # token saving = Σ|S_c| / emitted tokens, from the recorded ids
     recorded = sum(len(c[0]) + len(c[1]) for c in calls.values())
     emitted = sum(len(x["input_ids"]) for x in samples.values())
@@ -317,15 +318,23 @@ def test_filters_and_reported_process_rewards(fixture_db, tmp_path, tiny_model_d
     assert sorted(only) == ["r1/agent:planner/p1"]
     stats, none = compile_(db, tmp_path, tiny_model_dir, since=str(time.time() + 3600))
     assert (stats["totals"]["rollouts"], len(none)) == (0, 0)
+    # --singleton raw: the group of one gets its raw outcome, 0.5 / (1 + 1e-6)
+    stats, raw = compile_(db, tmp_path, tiny_model_dir, adv_config=AdvantageConfig(singleton="raw"))
+    assert max(raw["r3/agent:solo/c3"]["advantage"]) == pytest.approx(0.5 / (1 + 1e-6))
+    assert stats["options"]["adv_config"]["singleton"] == "raw" and stats["totals"]["singleton_groups"] == 1
     stats, _ = compile_(db, tmp_path, tiny_model_dir, run="no-such-run")
     assert stats["totals"]["rollouts"] == 0
     # a process reward the harness reported for q1 (planner, turn 1) and nothing else: the
-    # (planner, 1) bucket holds only it → Ã = 0.25/(1 + 1e-6); A(q1) = −1/√2 + 0.1·Ã
+    # (planner, 1) bucket holds only it: a bucket of one → Ã = 0, A(q1) = −1/√2 (counted as a
+    # singleton bucket); with --singleton raw Ã = 0.25/(1 + 1e-6), A(q1) = −1/√2 + 0.1·Ã
     _, make = open_db(db)
     with make.begin() as s:
         s.add(Reward(rollout_id="r2", call_id="q1", kind="process", name="judge", value=0.25, created_at=time.time()))
-    _, samples = compile_(db, tmp_path, tiny_model_dir, advantage="harness")
-    s = samples["r2/agent:planner/q1"]
-    assert json.loads(s["reward_breakdown"])["process"] == {"q1": {"judge": 0.25}}
-    q1_adv = [a for a, m, t in zip(s["advantage"], s["loss_mask"], s["turn_index"]) if m and t == 1]
-    assert q1_adv and np.allclose(q1_adv, -R2 + 0.1 * 0.25 / (1 + 1e-6), atol=1e-6)
+    for singleton, want in (("zero", -R2), ("raw", -R2 + 0.1 * 0.25 / (1 + 1e-6))):
+        stats, samples = compile_(db, tmp_path, tiny_model_dir, advantage="harness",
+                                  adv_config=AdvantageConfig(singleton=singleton))
+        s = samples["r2/agent:planner/q1"]
+        assert json.loads(s["reward_breakdown"])["process"] == {"q1": {"judge": 0.25}}
+        q1_adv = [a for a, m, t in zip(s["advantage"], s["loss_mask"], s["turn_index"]) if m and t == 1]
+        assert q1_adv and np.allclose(q1_adv, want, atol=1e-6)
+        assert stats["totals"]["singleton_buckets"] == 1

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harnessrl.compiler.classes import ParsedCall
+from harnessrl.compiler.response import ParsedCall
 from harnessrl.compiler.matchtir import call_rewards, match, similarity, similarity_matrix, turn_rewards
 from harnessrl.compiler.rewards import (
     contains,

@@ -118,3 +118,36 @@ def test_inferred_cross_session_edges():
         ("session:d", 6, "find the capital of France"),  # matches p0's text, but p1 came in between
     ]
     assert infer_parent_calls(central, sessions) == {"session:a": "p0", "session:b": "p1"}
+
+
+def test_unnamed_sub_agent_sessions_count_turns_from_zero():
+    def w(cid, seq, prompt, completion, parent=None):
+        c = call(cid, seq, prompt, completion, key="agent:worker", agent="worker")
+        c.parent_call_id = parent
+        return c
+
+    calls = [
+        call("p0", 0, [1], [2], key="agent:planner", agent="planner"),  # dispatches worker 1
+        w("w0", 1, [50], [51]),
+        w("w1", 2, [50, 51, 52], [53]),  # worker 1's turn 1
+        w("w2", 3, [60], [61]),  # worker 1 compresses its history: no planner call since → same session
+        call("p1", 4, [1, 2, 3], [4], key="agent:planner", agent="planner"),  # dispatches worker 2
+        w("v0", 5, [70], [71]),  # a new context after a planner call: worker 2's first call
+        w("v1", 6, [70, 71, 72], [73]),
+    ]
+    trees = build_forest(calls, central="planner")
+    assert [t.key for t in trees] == ["agent:planner", "agent:worker", "agent:worker#2"]
+    # worker 1: w0 turn 0, w1 turn 1, w2 (rewrite root, same session) turn 2; worker 2 restarts at 0
+    assert [(n.call.call_id, n.decision_index) for n in trees[1].nodes] == [("w0", 0), ("w1", 1), ("w2", 2)]
+    assert [(n.call.call_id, n.decision_index) for n in trees[2].nodes] == [("v0", 0), ("v1", 1)]
+    assert trees[2].nodes[0].cause == "start"
+    # without a central agent (or before the fix) v0 continued worker 1's count: turn 3
+    legacy = build_forest(calls)
+    assert [n.decision_index for n in legacy[1].nodes if n.call.call_id == "v0"] == [3]
+    # recorded parent calls decide when present: same parent → the same session even after a
+    # planner call; a different parent → a new session with no planner call in between
+    same = [calls[0], w("a0", 1, [50], [51], "p0"), calls[4], w("a1", 5, [80], [81], "p0")]
+    assert [t.key for t in build_forest(same, central="planner")] == ["agent:planner", "agent:worker"]
+    other = [calls[0], w("b0", 1, [50], [51], "p0"), w("b1", 2, [80], [81], "pX")]
+    assert [t.key for t in build_forest(other, central="planner")] == ["agent:planner", "agent:worker",
+                                                                       "agent:worker#2"]

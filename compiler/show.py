@@ -4,18 +4,21 @@ cross-session edges, and each completion coloured by token class."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 from rich.tree import Tree
 
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.reader import Reader
 from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, REASONING
+from harnessrl.compiler.tokentext import TokenText
+from harnessrl.db import db_url, open_db
 from harnessrl.errors import UserError
 
 STYLES = {REASONING: "cyan", ACTION: "bold red", ARGS: "green", FORMAT: "dim"}
 
 
-def _coloured(comp: Compiler, ids, classes, max_chars: int) -> Text:
-    tt = comp.token_text
+def _coloured(tt: TokenText, ids, classes, max_chars: int) -> Text:
     out = Text()
     for tok, cls in zip(ids.tolist(), classes.tolist()):
         out.append(tt.table[tok].decode(errors="replace"), style=STYLES.get(cls, ""))
@@ -26,11 +29,14 @@ def _coloured(comp: Compiler, ids, classes, max_chars: int) -> Text:
 
 
 def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_chars: int = 400) -> Tree:
-    comp = Compiler(db, CompileOptions(rollouts=(rollout_id,), tokenizer=tokenizer))
-    selected = comp.select_rollouts()
+    url = db_url(db)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        raise UserError(f"records DB not found: {db}")
+    reader = Reader(open_db(db)[0], tokenizer)
+    selected = reader.select_rollouts((rollout_id,))
     if not selected:
         raise UserError(f"no rollout {rollout_id!r} in {db}")
-    (work,) = comp.read_batch(selected)
+    (work,) = reader.read_batch(selected)
     root = Tree(Text.assemble(("rollout ", "bold"), rollout_id, f"  task={work.task_id} group={work.group_id} "
                               f"calls={work.stats['calls']} failed={work.stats['failed']} "
                               f"retokenized={work.stats['retokenized']}"))
@@ -61,5 +67,5 @@ def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_cha
             if c.retokenized:
                 head.append(" retokenized", style="red")
             handles[i] = parent.add(head)
-            handles[i].add(_coloured(comp, c.completion, work.units[c.call_id].classes, max_chars))
+            handles[i].add(_coloured(reader.token_text, c.completion, work.units[c.call_id].classes, max_chars))
     return root

@@ -1,10 +1,15 @@
-"""Token classes of a decision unit (METHODS §3) and the parsed response they come from.
+"""Token classes of a decision unit (METHODS §3), labelled on the completion's bytes.
 
-A completion's token ids are decoded to bytes with per-token byte offsets (a table built once
-per tokenizer), the response formats are recognised on the bytes (`<think>`, hermes
-`<tool_call>` JSON, MATPO `<use_mcp_tool>` XML, `<answer>` / `\\boxed{}`; native `tool_calls`
-are found in the raw text the ids still carry), every byte gets a class, and a token takes
-the first of action > args > reasoning > format among its bytes.
+A completion's ids are decoded to bytes with per-token offsets (`tokentext`), the response
+formats are recognised on the bytes (`<think>`, hermes `<tool_call>` JSON, MATPO
+`<use_mcp_tool>` XML, `<answer>` / `\\boxed{}`; native `tool_calls` are found in the raw text the
+ids still carry), every byte gets a class, and a token takes the first of
+action > args > reasoning > format among its bytes. A completion with no call and no answer
+marker is a final answer: its free text is `args` (METHODS), or `reasoning` with
+`ClassConfig(unmarked_answer="reasoning")`.
+
+Cost: a batch of completions is joined with a NUL separator and labelled with one regex pass per
+format and one numpy paint, so a call costs a few regex matches, not Python per token.
 """
 
 from __future__ import annotations
@@ -12,13 +17,15 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from harnessrl.compiler.response import ANSWER, BOXED, MCP, MCP_FIELD, THINK, THINK_CLOSE, TOOL_CALL, boxed_span, native_call
 from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, NONE, REASONING
+from harnessrl.compiler.tokentext import TokenText
+from harnessrl.errors import UserError
 
 # reduction rank: higher wins on a boundary token
 _RANK = np.zeros(5, dtype=np.int8)
@@ -26,183 +33,18 @@ _RANK[[FORMAT, REASONING, ARGS, ACTION]] = [1, 2, 3, 4]
 _FROM_RANK = np.array([FORMAT, FORMAT, REASONING, ARGS, ACTION], dtype=np.int8)
 
 
-
 @dataclass
 class ClassConfig:
-    """Which tools dispatch a sub-agent, and which argument keys name the sub-agent."""
+    """Which tools dispatch a sub-agent, which argument keys name the sub-agent, and the class of
+    a final answer written without a marker (`args` as METHODS §3 says, or `reasoning`)."""
 
     dispatch_tools: frozenset[str] = frozenset({"dispatch", "delegate", "call_agent", "run_agent"})
     agent_keys: frozenset[str] = frozenset({"agent", "agent_name", "subagent", "sub_agent", "worker"})
+    unmarked_answer: str = "args"
 
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte ↔ printable-character map of byte-level BPE vocabularies (GPT-2 family)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-class TokenText:
-    """Token id → bytes table of a tokenizer, for decoding with byte offsets."""
-
-    def __init__(self, tokenizer: Any):
-        """`tokenizer`: a transformers tokenizer or a `tokenizers.Tokenizer`."""
-        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-        n = backend.get_vocab_size(with_added_tokens=True)
-        added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
-        table: list[bytes] = []
-        if type(backend.decoder).__name__ == "ByteLevel":
-            to_byte = {c: b for b, c in _bytes_to_unicode().items()}
-            for i in range(n):
-                tok = backend.id_to_token(i)
-                if i in added:
-                    table.append(added[i].encode())
-                elif tok is None:
-                    table.append(b"")
-                else:
-                    table.append(bytes(to_byte.get(ch, 63) for ch in tok))
-        else:  # e.g. SentencePiece: per-token decode (a split multi-byte character is approximate)
-            table = [backend.decode([i], skip_special_tokens=False).encode() for i in range(n)]
-        self.table = table
-        self.lens = np.array([len(b) for b in table], dtype=np.int64)
-        self.special = np.zeros(n, dtype=bool)
-        self.special[list(added)] = True
-        # the vocabulary as one byte buffer (+ a NUL "separator token" with id n): a batch of
-        # completions decodes with one gather
-        self.sep = n
-        self.buffer = np.frombuffer(b"".join(table) + b"\x00", dtype=np.uint8)
-        self.starts = np.concatenate([[0], np.cumsum(self.lens)]).astype(np.int64)
-        self.lens_sep = np.concatenate([self.lens, [1]])
-        self.special_sep = np.concatenate([self.special, [False]])
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> TokenText:
-        """From a model/tokenizer directory; reads `tokenizer.json` directly when there is one
-        (no transformers import: the compiler starts in a fraction of a second)."""
-        path = Path(path)
-        if (path / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer
-
-            return cls(Tokenizer.from_file(str(path / "tokenizer.json")))
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(path))
-
-    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
-        """Bytes of `ids` (the separator id gives a NUL byte) and the start offset of each token
-        (plus the end: len(ids)+1 items)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        lens = self.lens_sep[ids]
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        gather = np.repeat(self.starts[ids] - offsets[:-1], lens) + np.arange(offsets[-1])
-        return self.buffer[gather].tobytes(), offsets
-
-
-# ---- parsed response -------------------------------------------------------------------------
-
-@dataclass
-class ParsedCall:
-    name: str | None
-    arguments: dict[str, Any] | None  # None when the arguments do not parse as a JSON object
-    raw: str = ""
-
-
-@dataclass
-class ParsedResponse:
-    calls: list[ParsedCall] = field(default_factory=list)
-    answer: str | None = None  # text of <answer>/\boxed{}, else the content outside think/calls
-    has_answer_marker: bool = False
-
-
-# `[^\x00]` and `(?=\x00)`: a batch joins completions with NUL bytes, and no span crosses one
-_TOOL_CALL = re.compile(rb"<tool_call>([^\x00]*?)(?:</tool_call>|(?=\x00)|\Z)")
-_MCP = re.compile(rb"<use_mcp_tool>([^\x00]*?)(?:</use_mcp_tool>|(?=\x00)|\Z)")
-_MCP_FIELD = re.compile(rb"<(server_name|tool_name|arguments)>([^\x00]*?)(?:</\1>|(?=\x00)|\Z)")
-_ANSWER = re.compile(rb"(<answer>)([^\x00]*?)(</answer>|(?=\x00)|\Z)")
-_BOXED = re.compile(rb"\\boxed\{")
-_THINK_CLOSE = re.compile(rb"</think>")
-_THINK = re.compile(rb"(<think>)([^\x00]*?)(</think>|(?=\x00)|\Z)")
-
-
-def _json_object(raw: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(raw)
-    except (ValueError, TypeError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _native_call(tc: dict[str, Any]) -> ParsedCall:
-    f = tc.get("function", tc)
-    args = f.get("arguments")
-    if isinstance(args, str):
-        parsed = _json_object(args)
-    else:
-        parsed = args if isinstance(args, dict) else None
-    return ParsedCall(f.get("name"), parsed, args if isinstance(args, str) else json.dumps(args))
-
-
-def _boxed_span(text: bytes, start: int) -> tuple[int, int] | None:
-    """(content start, closing brace) of a \\boxed{ at `start`, braces balanced."""
-    i = start + len(b"\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == 0:
-            return None
-        if text[j] == 0x7B:
-            depth += 1
-        elif text[j] == 0x7D:
-            depth -= 1
-            if depth == 0:
-                return i, j
-    return None
-
-
-def parse_response(text: str, native_calls: list[dict[str, Any]] | None = None) -> ParsedResponse:
-    """Tool calls (native, else hermes / MATPO text) and the final answer of one completion."""
-    raw = text.encode()
-    out = ParsedResponse()
-    if native_calls:
-        out.calls = [_native_call(tc) for tc in native_calls]
-    else:
-        for m in _TOOL_CALL.finditer(raw):
-            body = m.group(1).decode(errors="replace").strip()
-            obj = _json_object(body)
-            if obj is None:
-                out.calls.append(ParsedCall(None, None, body))
-                continue
-            args = obj.get("arguments", obj.get("parameters"))
-            if isinstance(args, str):
-                args = _json_object(args)
-            name = obj.get("name")
-            out.calls.append(ParsedCall(name if isinstance(name, str) else None,
-                                        args if isinstance(args, dict) else None, body))
-        for m in _MCP.finditer(raw):
-            fields = {k.decode(): v.decode(errors="replace").strip() for k, v in _MCP_FIELD.findall(m.group(1))}
-            out.calls.append(ParsedCall(fields.get("tool_name"), _json_object(fields.get("arguments", "")),
-                                        m.group(1).decode(errors="replace")))
-    m = _ANSWER.search(raw)
-    if m:
-        out.answer, out.has_answer_marker = m.group(2).decode(errors="replace").strip(), True
-        return out
-    b = _BOXED.search(raw)
-    span = _boxed_span(raw, b.start()) if b else None
-    if span:
-        out.answer, out.has_answer_marker = raw[span[0]:span[1]].decode(errors="replace").strip(), True
-        return out
-    close = _THINK_CLOSE.search(raw)
-    rest = raw[close.end():] if close else raw
-    rest = _TOOL_CALL.sub(b"", _MCP.sub(b"", rest))
-    rest = re.sub(rb"<\|[^|>]*\|>", b"", rest)  # template specials such as EOS
-    out.answer = rest.decode(errors="replace").strip() or None
-    return out
+    def __post_init__(self) -> None:
+        if self.unmarked_answer not in ("args", "reasoning"):
+            raise UserError(f"unmarked answer class {self.unmarked_answer!r}: use args or reasoning")
 
 
 # ---- byte labelling --------------------------------------------------------------------------
@@ -323,35 +165,35 @@ def _label(text: bytes, call_starts: list[int], special_spans: list[tuple[int, i
     spans: list[tuple[int, int, int]] = [(a, b, FORMAT) for a, b in special_spans]
     add = spans.append
     if b"think>" in text:
-        for close in _THINK_CLOSE.finditer(text):
+        for close in THINK_CLOSE.finditer(text):
             start = call_starts[bisect.bisect_right(call_starts, close.start()) - 1]
             if text.find(b"<think>", start, close.start()) < 0:  # the template opened <think>
                 add((start, close.start(), REASONING))
                 add((close.start(), close.end(), FORMAT))
-        for m in _THINK.finditer(text):
+        for m in THINK.finditer(text):
             add((m.start(1), m.end(1), FORMAT))
             add((m.start(2), m.end(2), REASONING))
             add((m.start(3), m.end(3), FORMAT))
     if b"<tool_call>" in text:
-        for m in _TOOL_CALL.finditer(text):
+        for m in TOOL_CALL.finditer(text):
             add((m.start(), m.end(), FORMAT))
             _label_hermes(text, m.start(1), m.end(1), spans, cfg)
     if b"<use_mcp_tool>" in text:
-        for m in _MCP.finditer(text):
+        for m in MCP.finditer(text):
             add((m.start(), m.end(), FORMAT))
-            for f in _MCP_FIELD.finditer(text, m.start(1), m.end(1)):
+            for f in MCP_FIELD.finditer(text, m.start(1), m.end(1)):
                 if f.group(1) == b"arguments":
                     _label_json(text, f.start(2), f.end(2), spans, cfg, top_roles=False)
                 else:  # server (sub-agent) and tool names are the decision
                     add((f.start(2), f.end(2), ACTION))
     if b"<answer>" in text:
-        for m in _ANSWER.finditer(text):
+        for m in ANSWER.finditer(text):
             add((m.start(1), m.end(1), ACTION))
             add((m.start(2), m.end(2), ARGS))
             add((m.start(3), m.end(3), FORMAT))
     if b"\\boxed{" in text:
-        for m in _BOXED.finditer(text):
-            span = _boxed_span(text, m.start())
+        for m in BOXED.finditer(text):
+            span = boxed_span(text, m.start())
             add((m.start(), m.end() - 1, ACTION))
             add((m.end() - 1, m.end(), FORMAT))
             if span:
@@ -369,12 +211,30 @@ def _label(text: bytes, call_starts: list[int], special_spans: list[tuple[int, i
             if not (labels[a:b] == ACTION).any():
                 _label_native(text, a, b, native_spans, native)
     _paint(labels, native_spans)
-    _label_free_text(text, labels)
+    answer = _answer_regions(text, labels, call_starts, natives) if cfg.unmarked_answer == "args" else None
+    _label_free_text(text, labels, answer)
     return labels
 
 
-def _label_free_text(text: bytes, labels: np.ndarray) -> None:
-    """Unlabelled runs are free text: reasoning, except whitespace at either end (format)."""
+def _answer_regions(text: bytes, labels: np.ndarray, call_starts: list[int],
+                    natives: list[list[dict[str, Any]] | None]) -> np.ndarray:
+    """Bytes that are an unmarked final answer: after the last `</think>` of a completion that
+    makes no call and has no answer marker (a marker or a call would have labelled an action)."""
+    out = np.zeros(len(text), dtype=bool)
+    ends = [s - 1 for s in call_starts[1:]] + [len(text)]
+    for a, b, native in zip(call_starts, ends, natives):
+        if native or text.find(b"<tool_call>", a, b) >= 0 or text.find(b"<use_mcp_tool>", a, b) >= 0:
+            continue
+        if (labels[a:b] == ACTION).any():
+            continue
+        close = text.rfind(b"</think>", a, b)
+        out[a if close < 0 else close + len(b"</think>"):b] = True
+    return out
+
+
+def _label_free_text(text: bytes, labels: np.ndarray, answer: np.ndarray | None) -> None:
+    """Unlabelled runs are free text: reasoning, or args inside an unmarked final answer;
+    whitespace at either end is format."""
     free = np.flatnonzero(labels == NONE)
     if not len(free):
         return
@@ -387,7 +247,8 @@ def _label_free_text(text: bytes, labels: np.ndarray) -> None:
         body = len(seg.rstrip())
         labels[a:b] = FORMAT
         if body > lead:
-            labels[a + lead:a + body] = REASONING
+            span = slice(a + lead, a + body)
+            labels[span] = REASONING if answer is None else np.where(answer[span], ARGS, REASONING)
 
 
 def _label_native(text: bytes, start: int, end: int, spans: list, native_calls: list[dict[str, Any]]) -> None:
@@ -395,7 +256,7 @@ def _label_native(text: bytes, start: int, end: int, spans: list, native_calls: 
     raw text, in order."""
     pos = start
     for tc in native_calls:
-        call = _native_call(tc)
+        call = native_call(tc)
         if call.name:
             i = text.find(call.name.encode(), pos, end)
             if i >= 0:

@@ -1,0 +1,92 @@
+"""Stage 4 of `harnessrl compile`: a rollout's session trees → linear samples (METHODS §2).
+
+Every root-to-leaf path is one sample: the leaf's `prompt ⧺ completion`, mask 1 and the unit's
+classes and advantage on the completions this path owns (`trees.linear_paths`), the recorded
+behaviour log-probs where they cover the completion, and the turn index on every generated
+span. Cost: O(tokens of the sample) numpy slicing per path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from harnessrl.compiler.reader import RolloutWork
+from harnessrl.compiler.schema import CLASS_NAMES
+from harnessrl.compiler.scoring import trained
+from harnessrl.compiler.trees import SessionTree, linear_paths
+
+
+def tree_stats(w: RolloutWork) -> None:
+    """Sessions, recorded tokens, merges and roots by cause, into `w.stats`."""
+    s = w.stats
+    for tree in w.trees:
+        s["sessions"] += 1
+        for node in tree.nodes:
+            s["tokens_recorded"] += node.call.s_len
+            if node.parent >= 0:
+                s["merges"] += 1
+            else:
+                s[f"roots_{node.cause}"] += 1
+
+
+def emit(w: RolloutWork, add: Callable[[dict[str, Any]], int], train_agents: str, advantage: str) -> None:
+    """The rollout's samples of the trained agents, each passed to `add` (returns its tokens)."""
+    s = w.stats
+    for tree in w.trees:
+        if not trained(w, tree.nodes[0].call.agent, train_agents):
+            s["untrained_sessions"] += 1
+            continue
+        for path in linear_paths(tree):
+            s["tokens_emitted"] += add(sample(w, tree, path.nodes, path.trainable, advantage))
+            s["samples"] += 1
+
+
+def sample(w: RolloutWork, tree: SessionTree, nodes: list[int], trainable: list[bool], advantage: str) -> dict[str, Any]:
+    leaf = tree.nodes[nodes[-1]].call
+    ids = np.concatenate([leaf.prompt, leaf.completion])
+    n = len(ids)
+    mask = np.zeros(n, dtype=np.int8)
+    cls = np.zeros(n, dtype=np.int8)
+    adv = np.zeros(n, dtype=np.float32)
+    blp = np.zeros(n, dtype=np.float32)
+    blp_valid = np.zeros(n, dtype=bool)
+    turn = np.full(n, -1, dtype=np.int16)
+    process: dict[str, dict[str, float]] = {}
+    for i, own in zip(nodes, trainable):
+        node = tree.nodes[i]
+        c = node.call
+        a, b = len(c.prompt), c.s_len
+        turn[a:b] = node.decision_index
+        u = w.units[c.call_id]
+        if u.process:
+            process[c.call_id] = u.process
+        if not own:
+            continue
+        mask[a:b] = 1
+        cls[a:b] = u.classes
+        adv[a:b] = u.advantage
+        if c.logprobs is not None and len(c.logprobs) == b - a:
+            blp[a:b] = c.logprobs
+            blp_valid[a:b] = True
+        w.stats["trainable_tokens"] += b - a
+    for k, count in enumerate(np.bincount(cls, minlength=len(CLASS_NAMES)).tolist()):
+        if k:
+            w.stats[f"class_{CLASS_NAMES[k]}"] += count
+    breakdown = {"outcome": w.outcome, "process": process, "advantage": advantage,
+                 "parent_call": w.edges.get(tree.key)}
+    return {
+        "sample_id": f"{w.id}/{tree.key}/{leaf.call_id}",
+        "rollout_id": w.id, "task_id": w.task_id, "group_id": w.group_id,
+        "agent": leaf.agent, "session_id": leaf.session_id,
+        "input_ids": ids, "loss_mask": mask, "token_class": cls, "advantage": adv,
+        "behaviour_logprob": (blp, blp_valid), "turn_index": turn,
+        "call_ids": [tree.nodes[i].call.call_id for i in nodes],
+        "prompt_len": len(tree.nodes[nodes[0]].call.prompt),
+        "weight_version": leaf.weight_version, "outcome_reward": w.outcome,
+        "reward_breakdown": json.dumps(breakdown, sort_keys=True),
+        "retokenized": any(tree.nodes[i].call.retokenized for i in nodes),
+    }
