@@ -35,7 +35,10 @@ def test_privileged_context_keeps_rollout_tokens(samples, tiny_model_dir):
 
 def test_sft_weights_by_component(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids, w = sft_sequence(tok, "Find alpha", EXPERT_TRACE, level=4, lam=0.5)
+    text = tok.apply_chat_template([{"role": "user", "content": "Find alpha"}], add_generation_prompt=True, tokenize=False)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    ids, w = sft_sequence(tok, prompt, "Find alpha", EXPERT_TRACE, level=4, lam=0.5)
+    assert ids[:len(prompt)] == prompt and set(w[:len(prompt)]) == {0.0}
     by_weight = {v: tok.decode([i for i, x in zip(ids, w) if x == v]) for v in set(w)}
     # level 4 = both safe segments, weight 1
     assert "The question asks for a capital." in by_weight[1.0] and "lookup tool." in by_weight[1.0]
@@ -43,7 +46,7 @@ def test_sft_weights_by_component(tiny_model_dir):
     assert by_weight[0.5].startswith("<tool_call>") and '"lookup"' in by_weight[0.5] and by_weight[0.5].endswith("</tool_call>")
     # observation and prompt get 0
     assert "alpha 7" in by_weight[0.0] and "Find alpha" in by_weight[0.0]
-    _, w0 = sft_sequence(tok, "Find alpha", EXPERT_TRACE, level=0, lam=0.2)
+    _, w0 = sft_sequence(tok, prompt, "Find alpha", EXPERT_TRACE, level=0, lam=0.2)
     assert set(w0) == {0.0, 0.2}  # L0: no reasoning is trained
 
 
@@ -59,7 +62,7 @@ def test_pact_objective_composition(samples, tiny_model_dir):
     m, adv = batch["loss_mask"], batch["advantages"]
     rl = -(adv * m).sum() / m.sum()
     sft = tr.sft_losses(tr.model, batch)
-    assert sft.numel() == 4 - sum(z.values())
+    assert int((sft != 0).sum()) == 4 - sum(z.values())  # one SFT sequence per trace task
     assert torch.isclose(terms["loss"], rl + 0.1 * sft.sum() / 4, atol=1e-6)
     # trace rows are longer by the privileged block, anchor rows are not
     plain = load_samples(samples).samples
