@@ -17,7 +17,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from harnessrl.errors import UserError
 from harnessrl.trainer.config import TrainConfig
-from harnessrl.trainer.data import Dataset, Sample, aggregate, collate
+from harnessrl.trainer.data import Dataset, Sample, StepSampler, aggregate, collate
 from harnessrl.trainer.losses import clip_fraction, clipped_surrogate, k3_kl, tis_weight
 from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.trl_private import TESTED, drift, log_metric, per_token_logps, text_tokenizer, trl_version
@@ -56,6 +56,8 @@ def grpo_args(cfg: TrainConfig, n_samples: int, **extra: Any) -> GRPOConfig:
     )
     if cfg.gradient_checkpointing:
         kwargs["gradient_checkpointing"] = True
+    if world > 1 and not torch.cuda.is_available():
+        kwargs["use_cpu"] = True  # accelerate starts gloo data parallelism on CPU only when told so
     kwargs.update(extra)
     return GRPOConfig(**kwargs)
 
@@ -81,6 +83,9 @@ class HarnessTrainer(GRPOTrainer):
             model=model, reward_funcs=[compiled_reward], args=args, train_dataset=index, processing_class=tokenizer,
             peft_config=peft_config, callbacks=callbacks,
         )
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.accelerator.num_processes != world:
+            raise UserError(f"WORLD_SIZE is {world} but accelerate runs {self.accelerator.num_processes} process(es)")
         problems = drift(self)
         if problems:
             raise UserError(f"{problems[0]}; harnessrl is tested with trl{TESTED} (installed: {trl_version()})")
@@ -92,10 +97,11 @@ class HarnessTrainer(GRPOTrainer):
 
     # -- data ---------------------------------------------------------------------------------
     def _get_train_sampler(self, dataset=None):
-        # Compiled samples are already grouped and normalised: a plain seeded shuffle, no repeats.
-        g = torch.Generator()
-        g.manual_seed(self.args.seed)
-        return torch.utils.data.RandomSampler(dataset if dataset is not None else self.train_dataset, generator=g)
+        # Compiled samples are already grouped and normalised: a seeded shuffle, each step's samples
+        # once per micro-batch draw (StepSampler), as TRL's own sampler does without the group repeats.
+        n = len(dataset if dataset is not None else self.train_dataset)
+        chunk = self.args.per_device_train_batch_size * self.args.steps_per_generation * self.accelerator.num_processes
+        return StepSampler(n, chunk, self.args.steps_per_generation * self.num_iterations, self.args.seed)
 
     def build_batch(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         return collate(samples, self.pad_id, self.accelerator.device)
