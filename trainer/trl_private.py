@@ -48,11 +48,12 @@ def _where(name: str) -> str:
     return f"trl {trl_version()}: GRPOTrainer.{name}"
 
 
-def drift(trainer: Any = None) -> list[str]:
+def drift(trainer: Any = None, base: type | None = None) -> list[str]:
     """One line per private member that no longer matches (empty when all do). With a constructed
-    trainer the instance attributes are checked too."""
+    trainer the instance attributes are checked too. `base`: the class to check (default GRPOTrainer)."""
     from trl import GRPOTrainer
 
+    GRPOTrainer = base or GRPOTrainer  # noqa: N806
     problems = []
     for name, params in {**OVERRIDDEN, **CALLED}.items():
         fn = getattr(GRPOTrainer, name, None)
