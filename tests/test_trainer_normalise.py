@@ -19,6 +19,7 @@ from harnessrl.trainer.normalise import row_weights, token_weights, weighted_sum
 MODES = ("token_mean", "seq_mean", "rollout_mean")
 
 
+@pytest.mark.unit
 def test_split_weights_hand_numbers():
     # rows (rollout): r0 = [1,2,3] mask [1,1,0] (A); r1 = [4,0,0] mask [1,0,0] (B);
     # r2 = [6,8,0] mask [1,1,0] (B); r3 has no token (C). Micro-batches {r0, r1} and {r2, r3}:
