@@ -2,7 +2,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-py312 bench
 
 install: $(STAMP)
 
@@ -15,3 +15,9 @@ demo: install
 
 test: install
 	$(VENV)/bin/pytest -q
+
+# The unit tests (-m unit) on Python 3.12 in their own venv; .ci/run finds the interpreter.
+PYTHON312 ?= python3.12
+test-py312:
+	VENV=.venv-py312 PYTHON=$(PYTHON312) EXTRAS=dev bash scripts/install.sh
+	.venv-py312/bin/python -m pytest -q -m unit

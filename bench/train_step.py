@@ -109,8 +109,8 @@ def main() -> None:
     base_cfg = cfg()
     grpo = HarnessTrainer(fresh_model(), base_cfg, data, tok)
     batch = grpo.fixed_batch()
-    trl_batch = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch")}
-    trl_batch["tool_mask"] = batch["loss_mask"]
+    trl_batch = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
+    trl_batch.update(tool_mask=batch["loss_mask"], num_items_in_batch=batch["loss_mask"].sum())
     plain = GRPOTrainer(model=fresh_model(), reward_funcs=[compiled_reward], processing_class=tok,
                         args=grpo_args(base_cfg, n, loss_type="bnpo"), train_dataset=HFDataset.from_dict({"prompt": ["x"] * n}))
     matpo = MatpoTrainer(fresh_model(), cfg(algo="matpo"), data, tok)

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Set up .venv with harnessrl and its test tools. On a machine without an NVIDIA GPU the
-# CPU build of torch goes in first (pinned, so pip never pulls a multi-GB CUDA build); with
-# a GPU, pip resolves torch from the project's range and takes the CUDA build.
+# Set up a venv with harnessrl and its test tools.
+#   VENV    where (default .venv)
+#   PYTHON  the interpreter (default python3.11; any of requires-python's 3.11–3.13 works)
+#   EXTRAS  extras to install (default dev,examples; CI's second-interpreter venv uses dev)
+# On a machine without an NVIDIA GPU, torch==2.13.0 goes in first: pip takes the CPU build where
+# one is on its indexes or find-links (this machine has the cp311 one), else PyPI's build, whose
+# CUDA libraries (several GB) are only loaded on a GPU. With a GPU, pip resolves torch from the
+# project's range and takes the CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
+EXTRAS=${EXTRAS:-dev,examples}
+# A pyenv shim exists even where it cannot run (version not selected): check that it runs.
+"$PYTHON" -c "import sys" 2>/dev/null || PYTHON=python3
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
@@ -15,10 +22,12 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "NVIDIA GPU found: torch from PyPI (CUDA build)"
   else
-    echo "no NVIDIA GPU: CPU build of torch"
+    echo "no NVIDIA GPU: torch==${HARNESSRL_CPU_TORCH:-2.13.0} (CPU build where available)"
     $PIP install -q "torch==${HARNESSRL_CPU_TORCH:-2.13.0}"
   fi
 fi
-$PIP install -q -e ".[dev,examples]"
-$PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
-echo "harnessrl installed in $VENV"
+$PIP install -q -e ".[$EXTRAS]"
+if [[ ",$EXTRAS," == *",examples,"* ]]; then
+  $PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
+fi
+echo "harnessrl installed in $VENV ($("$VENV/bin/python" -V))"

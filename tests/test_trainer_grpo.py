@@ -31,7 +31,7 @@ def test_grpo_loss_equals_trl_compute_loss(samples, tiny_model_dir, agg, trl_typ
     tr.model.zero_grad()
     tr.loss_type = trl_type
     trl_inputs = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
-    trl_inputs.update(tool_mask=batch["loss_mask"], old_per_token_logps=old, num_items_in_batch=batch["num_items_in_batch"])
+    trl_inputs.update(tool_mask=batch["loss_mask"], old_per_token_logps=old, num_items_in_batch=batch["loss_mask"].sum())
     theirs = GRPOTrainer._compute_loss(tr, tr.model, trl_inputs)
     theirs.backward()
     assert torch.allclose(ours, theirs, atol=1e-6), (float(ours), float(theirs))

@@ -9,6 +9,8 @@ from harnessrl.trainer.data import aggregate
 from harnessrl.trainer.losses import clipped_surrogate, k3_kl, tis_weight
 from harnessrl.trainer.pact import gate, lambda_a, reasoning_level, reasoning_prefix
 
+pytestmark = pytest.mark.unit
+
 
 def test_clipped_surrogate_hand_numbers():
     # ε = 0.2: clip range [0.8, 1.2]

@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
-from trainer_fixtures import EXPERT_TRACE, make_trainer, own_loss, start_logps, tiny_samples
+from trainer_fixtures import EXPERT_TRACE, make_rows, make_trainer, own_loss, prepend_prompt, start_logps, tiny_samples, write_samples
 from transformers import AutoTokenizer
 
+from harnessrl.errors import UserError
 from harnessrl.trainer.data import load_samples
 from harnessrl.trainer.pact import PactTrainer, gate, privileged_block, sft_sequence, trace_sample, user_message_end
 
@@ -35,7 +36,10 @@ def test_privileged_context_keeps_rollout_tokens(samples, tiny_model_dir):
 
 def test_sft_weights_by_component(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids, w = sft_sequence(tok, "Find alpha", EXPERT_TRACE, level=4, lam=0.5)
+    text = tok.apply_chat_template([{"role": "user", "content": "Find alpha"}], add_generation_prompt=True, tokenize=False)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    ids, w = sft_sequence(tok, prompt, "Find alpha", EXPERT_TRACE, level=4, lam=0.5)
+    assert ids[:len(prompt)] == prompt and set(w[:len(prompt)]) == {0.0}
     by_weight = {v: tok.decode([i for i, x in zip(ids, w) if x == v]) for v in set(w)}
     # level 4 = both safe segments, weight 1
     assert "The question asks for a capital." in by_weight[1.0] and "lookup tool." in by_weight[1.0]
@@ -43,7 +47,7 @@ def test_sft_weights_by_component(tiny_model_dir):
     assert by_weight[0.5].startswith("<tool_call>") and '"lookup"' in by_weight[0.5] and by_weight[0.5].endswith("</tool_call>")
     # observation and prompt get 0
     assert "alpha 7" in by_weight[0.0] and "Find alpha" in by_weight[0.0]
-    _, w0 = sft_sequence(tok, "Find alpha", EXPERT_TRACE, level=0, lam=0.2)
+    _, w0 = sft_sequence(tok, prompt, "Find alpha", EXPERT_TRACE, level=0, lam=0.2)
     assert set(w0) == {0.0, 0.2}  # L0: no reasoning is trained
 
 
@@ -59,7 +63,7 @@ def test_pact_objective_composition(samples, tiny_model_dir):
     m, adv = batch["loss_mask"], batch["advantages"]
     rl = -(adv * m).sum() / m.sum()
     sft = tr.sft_losses(tr.model, batch)
-    assert sft.numel() == 4 - sum(z.values())
+    assert int((sft != 0).sum()) == 4 - sum(z.values())  # one SFT sequence per trace task
     assert torch.isclose(terms["loss"], rl + 0.1 * sft.sum() / 4, atol=1e-6)
     # trace rows are longer by the privileged block, anchor rows are not
     plain = load_samples(samples).samples
@@ -79,3 +83,82 @@ def test_pact_trains_and_logs_three_terms(samples, tiny_model_dir):
     assert tr.state.global_step == 2 and own_loss(tr, batch, old) < before - 1e-4
     logs = tr.state.log_history[0]
     assert {"loss/rl_anchor", "loss/rl_trace", "loss/sft", "pact/lambda_a", "pact/level", "kl"} <= set(logs)
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
+          "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]
+
+
+@pytest.fixture(scope="module")
+def tool_trainer(tmp_path_factory, tiny_model_dir):
+    """Rollouts whose prompts carry the tools schema; q = 0, so every task trains on its trace."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = make_rows(tok, n_tasks=2, k=2, tools=TOOLS)
+    d = write_samples(tmp_path_factory.mktemp("pact-tools"), rows, {r["task_id"]: EXPERT_TRACE for r in rows})
+    tr = make_trainer(PactTrainer, tiny_model_dir, d, algo="pact", pact_q=0.0, beta=0.0)
+    return tr, tr.fixed_batch()
+
+
+def test_sft_prompt_is_the_rollout_prompt(tool_trainer):
+    tr, batch = tool_trainer
+    has = batch["sft_weights"].sum(-1) > 0
+    assert int(has.sum()) == 2  # one SFT sequence per task
+    for i, s in enumerate(tr.data.samples):
+        if not has[i]:
+            continue
+        ids = batch["sft_ids"][i][batch["sft_mask"][i] > 0].tolist()
+        assert ids[:s.prompt_len] == s.input_ids[:s.prompt_len]  # x exactly as the policy saw it
+        assert "# Tools" in tr.tok.decode(ids[:s.prompt_len]) and '"lookup"' in tr.tok.decode(ids[:s.prompt_len])
+        assert float(batch["sft_weights"][i, :s.prompt_len].sum()) == 0.0  # the prompt is not a target
+
+
+def test_sft_loss_and_trace_logps_by_hand(tool_trainer):
+    tr, batch = tool_trainer
+    model = tr.model
+    with torch.no_grad():
+        sft = tr.sft_losses(model, batch)
+        logps = tr.policy_logps(model, batch)[0]
+    block = tr.tok(privileged_block(EXPERT_TRACE), add_special_tokens=False)["input_ids"]
+    user = tr.tok("<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    im_end = tr.tok.convert_tokens_to_ids("<|im_end|>")
+    checked_sft = 0
+    for i, s in enumerate(tr.data.samples):
+        # L_SFT = −(1/Z) Σ_n m_n log p(h_n | h_<n), Z = Σ m_n, with log p(h_n | h_<n) from the logits at
+        # n − 1 of an unpadded forward pass (reasoning weight 1, tool-call span λ_a = 0.8 at step 0:
+        # e.g. 12 reasoning and 20 call tokens give Z = 12 + 0.8·20 = 28).
+        w = batch["sft_weights"][i]
+        if float(w.sum()) > 0:
+            n = int(batch["sft_mask"][i].sum())
+            ids = batch["sft_ids"][i, :n]
+            with torch.no_grad():
+                lp = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].float(), -1).gather(1, ids[1:, None])[:, 0]
+            m = w[1:n]
+            assert {round(v, 6) for v in m.unique().tolist()} == {0.0, 0.8, 1.0}
+            assert float(sft[i]) == pytest.approx(float(-(m * lp).sum() / m.sum()), rel=1e-5)
+            checked_sft += 1
+        # The trace row is x with the privileged block inserted before the <|im_end|> that closes the
+        # first user message, then the rollout's tokens: its completion log-probs are those of an
+        # unpadded forward pass over that sequence.
+        u = next(k for k in range(s.prompt_len) if s.input_ids[k:k + len(user)] == user)
+        pos = s.input_ids.index(im_end, u)
+        seq = s.input_ids[:pos] + block + s.input_ids[pos:]
+        p = s.prompt_len + len(block)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0, :-1].float(), -1).gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+        c = len(s.input_ids) - s.prompt_len
+        assert torch.allclose(logps[i, :c], lp[p - 1:], atol=2e-5), i
+    assert checked_sft == 2
+
+
+def test_privileged_block_needs_the_first_user_message(tmp_path, tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain = tok("Find the capital of alpha.", add_special_tokens=False)["input_ids"]
+    rows = []
+    for r in make_rows(tok, n_tasks=1, k=2):
+        p = r["prompt_len"]
+        bare = {**r, **{k: r[k][p:] for k in ("input_ids", "loss_mask", "token_class", "advantage", "behaviour_logprob", "turn_index")}, "prompt_len": 0}
+        rows.append(prepend_prompt(bare, plain))  # a prompt without chat headers
+    d = write_samples(tmp_path, rows, {"t0": EXPERT_TRACE})
+    tr = make_trainer(PactTrainer, tiny_model_dir, d, algo="pact", pact_q=0.0, batch_size=2)
+    with pytest.raises(UserError, match=r"rollout r0: no end of the first user message"):
+        tr.fixed_batch()

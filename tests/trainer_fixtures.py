@@ -29,8 +29,9 @@ def _classes(tok, text: str, spans: list[tuple[str, int]]) -> tuple[list[int], l
     return enc["input_ids"], classes
 
 
-def make_rows(tok, n_tasks: int = 2, k: int = 2, rewards: list[float] | None = None) -> list[dict]:
-    """One two-call rollout per (task, k): a tool call, an observation, a final answer."""
+def make_rows(tok, n_tasks: int = 2, k: int = 2, rewards: list[float] | None = None, tools: list[dict] | None = None) -> list[dict]:
+    """One two-call rollout per (task, k): a tool call, an observation, a final answer. With `tools`
+    the prompt is rendered with their schemas (in the system message), as a harness's call would be."""
     rows = []
     rewards = rewards or [1.0, 0.0] * (n_tasks * k)
     keys = ["alpha", "beta", "gamma", "delta", "rho", "sigma", "pi", "mu"]
@@ -39,7 +40,7 @@ def make_rows(tok, n_tasks: int = 2, k: int = 2, rewards: list[float] | None = N
             e = t * k + j
             key = keys[e % len(keys)]
             user = [{"role": "user", "content": f"Find the capital of {keys[t]}?"}]
-            text = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+            text = tok.apply_chat_template(user, tools=tools, add_generation_prompt=True, tokenize=False)
             prompt = tok(text, add_special_tokens=False)["input_ids"]
             c1 = f'<think>\nI should look up {key}.\n</think>\n\n<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call><|im_end|>'
             ids1, cls1 = _classes(tok, c1, [('"lookup"', ACTION), (f'"{key}"', ARGS), (f"I should look up {key}.", REASONING)])
@@ -63,6 +64,15 @@ def make_rows(tok, n_tasks: int = 2, k: int = 2, rewards: list[float] | None = N
                 outcome_reward=r, reward_breakdown=json.dumps({"outcome": r, "advantage": "grpo"}), retokenized=False,
             ))
     return rows
+
+
+def prepend_prompt(row: dict, ids: list[int]) -> dict:
+    """The row with `ids` put before its prompt (a longer prompt, the generated tokens unchanged)."""
+    n = len(ids)
+    return {**row, "input_ids": ids + row["input_ids"], "loss_mask": [0] * n + row["loss_mask"],
+            "token_class": [0] * n + row["token_class"], "advantage": [0.0] * n + row["advantage"],
+            "behaviour_logprob": [None] * n + row["behaviour_logprob"], "turn_index": [-1] * n + row["turn_index"],
+            "prompt_len": row["prompt_len"] + n}
 
 
 EXPERT_TRACE = {

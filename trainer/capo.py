@@ -3,7 +3,8 @@
     g = (M_act + γ(1−M_act))⊙∇L_act + (M_args + γ(1−M_args))⊙∇L_args + ∇L_other
 
 L_act / L_args / L_other are the clipped surrogate over action / args / other (reasoning, format,
-unlabelled) trainable tokens, each normalised by its own token count. ∇L_other is TRL's ordinary
+unlabelled) trainable tokens, each normalised by its own token count over the optimizer step
+(token_mean weights per class, trainer/normalise.py). ∇L_other is TRL's ordinary
 backward; ∇L_act and ∇L_args are two extra passes (`torch.autograd.grad`) restricted to the
 parameters the masks can reach (the partitioned MLP weights when γ = 0).
 
@@ -87,19 +88,23 @@ class CapoTrainer(HarnessTrainer):
         self._hidden = output if output.requires_grad else None
 
     # -- loss terms -----------------------------------------------------------------------------
+    @staticmethod
+    def class_masks(inputs) -> dict[str, torch.Tensor]:
+        mask, cls = inputs["loss_mask"], inputs["token_class"]
+        m_act, m_args = mask * (cls == ACTION), mask * (cls == ARGS)
+        return {"act": m_act, "args": m_args, "other": mask - m_act - m_args}
+
+    def step_weights(self, batch, samples):
+        return {f"w_{k}": self.token_weights(m, samples, "token_mean") for k, m in self.class_masks(batch).items()}
+
     def terms(self, model, inputs) -> dict[str, torch.Tensor]:
+        """This micro-batch's shares of L_act, L_args, L_other (each summing over the step to its token mean)."""
         logps, entropy = self.policy_logps(model, inputs)
         per_token, old = self.per_token_loss(logps, inputs)
-        mask, cls = inputs["loss_mask"], inputs["token_class"]
-        m_act = mask * (cls == ACTION)
-        m_args = mask * (cls == ARGS)
-        m_other = mask - m_act - m_args
         self.log_token_stats(logps, old, entropy, inputs)
-        return {
-            "act": aggregate(per_token, m_act, "token_mean"),
-            "args": aggregate(per_token, m_args, "token_mean"),
-            "other": aggregate(per_token, m_other, "token_mean"),
-        }
+        for name, m in self.class_masks(inputs).items():
+            self._log(f"loss/{name}", aggregate(per_token.detach(), m, "token_mean"))
+        return {k: self.share(per_token, inputs[f"w_{k}"]) for k in ("act", "args", "other")}
 
     def objective(self, model, inputs):
         t = self.terms(model, inputs)
@@ -115,28 +120,25 @@ class CapoTrainer(HarnessTrainer):
 
     def _compute_loss(self, model, inputs):
         t = self.terms(model, inputs)
-        scale = self.current_gradient_accumulation_steps if self.model.training else 1
-        for name, value in t.items():
-            self._log(f"loss/{name}", value)
         total = (t["act"] + t["args"] + (t["other"] if self.cfg.capo_other else 0.0)).detach()
         if not self.model.training:
-            return total / scale
+            return total
         if self._hidden is not None:
-            g_act, g_args = self._grads_from_hidden(t, inputs, scale)
+            g_act, g_args = self._grads_from_hidden(t, inputs)
         else:
-            g_act = self._grads(t["act"] / scale, retain=True)
-            g_args = self._grads(t["args"] / scale, retain=self.cfg.capo_other)
+            g_act = self._grads(t["act"], retain=True)
+            g_args = self._grads(t["args"], retain=self.cfg.capo_other)
         self._log_grad_stats(g_act, g_args)
         self._pending = [ma * ga + mb * gb for (_, ma, mb), ga, gb in zip(self.routes, g_act, g_args)]
         if self.cfg.capo_other and t["other"].requires_grad:
             # TRL's backward runs on L_other only; the value reported is the full loss.
-            return t["other"] / scale + (total - t["other"].detach()) / scale
-        return torch.zeros((), device=total.device, requires_grad=True) + total / scale
+            return t["other"] + (total - t["other"].detach())
+        return torch.zeros((), device=total.device, requires_grad=True) + total
 
-    def _grads_from_hidden(self, t: dict[str, torch.Tensor], inputs, scale: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _grads_from_hidden(self, t: dict[str, torch.Tensor], inputs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         h, self._hidden = self._hidden, None
         params = [p for p, _, _ in self.routes]
-        both = t["act"] / scale + t["args"] / scale
+        both = t["act"] + t["args"]
         if not both.requires_grad:
             return [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
         (dh,) = torch.autograd.grad(both, h, retain_graph=True)

@@ -8,6 +8,7 @@ that predicts it."""
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,8 @@ def layer_importance(a: torch.Tensor) -> list[float]:
 
 def top_units(score: torch.Tensor, rho: float) -> torch.Tensor:
     """Boolean (layers, units): per layer, the top ⌈ρ·units⌉ units by score."""
-    k = max(1, int(round(rho * score.size(1))))
+    # Rounded to 9 places first so that a product like 0.3·10 = 3.0000000000000004 is 3, not 4.
+    k = max(1, math.ceil(round(rho * score.size(1), 9)))
     mask = torch.zeros_like(score, dtype=torch.bool)
     mask.scatter_(1, score.topk(k, dim=1).indices, True)
     return mask

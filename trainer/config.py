@@ -21,14 +21,14 @@ class TrainConfig:
     algo: str = "grpo"
     out: str = "checkpoints"
     steps: int = 1
-    batch_size: int = 8  # samples per optimizer step
+    batch_size: int = 8  # samples per optimizer step, all processes together
     grad_accum: int = 1
     lr: float = 1e-6
     weight_decay: float = 0.0
     epsilon: float = 0.2  # ε_lo
     epsilon_high: float | None = None  # ε_hi; None = ε_lo
     beta: float | None = None  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
-    loss_agg: str = "token_mean"
+    loss_agg: str = "token_mean"  # over the whole optimizer step (trainer/normalise.py)
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
     tis_cap: float = 2.0

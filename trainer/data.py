@@ -166,3 +166,26 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, rollout_in
         has = (counts > 0).to(per_token.dtype)
         return (sums / counts.clamp(min=1.0) * has).sum() / has.sum().clamp(min=1.0)
     raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+class StepSampler(torch.utils.data.Sampler):
+    """Seeded shuffle in chunks of one optimizer step's samples (all processes), each chunk yielded
+    `repeats` times in a row; an incomplete last chunk is dropped.
+
+    TRL's loop draws one dataloader batch (a process's share of the chunk) per micro-batch but
+    builds the step from the first draw and ignores the repeats; without them the other draws
+    would be whole steps' worth of samples silently skipped."""
+
+    def __init__(self, n: int, chunk: int, repeats: int, seed: int):
+        self.n, self.chunk, self.repeats = n, chunk, repeats
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed)
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=self.generator).tolist()
+        for start in range(0, self.n - self.chunk + 1, self.chunk):
+            for _ in range(self.repeats):
+                yield from order[start:start + self.chunk]
+
+    def __len__(self) -> int:
+        return (self.n // self.chunk) * self.chunk * self.repeats

@@ -44,7 +44,7 @@ class MatpoTrainer(HarnessTrainer):
         per_token, old = self.per_token_loss(logps, inputs)
         mask = inputs["loss_mask"]
         self.log_token_stats(logps, old, entropy, inputs)
-        terms = {"loss": aggregate(per_token, mask, "token_mean")}
+        terms = {"loss": self.share(per_token, inputs["loss_weights"])}  # token_mean (config.validate)
         for i, agent in enumerate(self._agents):
             role = mask * (inputs["agent_index"] == i)[:, None]
             self._log(f"tokens/{agent}", role.sum())

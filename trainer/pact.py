@@ -6,10 +6,12 @@
   the first user message; the rollout's own tokens are unchanged, only shifted. Such a row is an
   ordinary sample with a longer prompt, so log-probs, logp_old (recomputed in the same batch) and
   the reference KL are all taken under c^h.
-- SFT: −(1/Z)Σ m_n log π(h*_n | x, h*_<n) on the expert trace rendered with the chat template;
-  m = 1 on the active reasoning prefix, λ_a(s) on complete tool-call spans, 0 elsewhere.
-- Total per micro-batch: L_RL (configured aggregation over all rows) + β_SFT · Σ_{trace tasks} L_SFT,i / #tasks,
-  i.e. the mean over tasks of L^x_RL or L^h_RL + β_SFT·L_SFT.
+- SFT: −(1/Z)Σ m_n log π(h*_n | x, h*_<n): x is the rollout's own prompt tokens (system prompt and
+  tools schema as the policy saw them), h* the expert turns rendered with the chat template after
+  it; m = 1 on the active reasoning prefix, λ_a(s) on complete tool-call spans, 0 elsewhere.
+- Total per optimizer step: L_RL (configured aggregation over all rows) + β_SFT · Σ_{trace tasks} L_SFT,i / #tasks,
+  i.e. the mean over tasks of L^x_RL or L^h_RL + β_SFT·L_SFT; #tasks and the SFT sequences are
+  counted over the whole step (all micro-batches and processes), see trainer/normalise.py.
 
 Expert trace shape (tasks.parquet `expert_trace`): {"turns": [{"reasoning_segments": [{"text",
 "explicit_call_preview"}], "tool_call": {"name", "arguments"} | null, "observation": str | null}]}.
@@ -25,8 +27,10 @@ from typing import Any
 
 import torch
 
+from harnessrl.errors import UserError
 from harnessrl.trainer.data import Sample, aggregate, collate
 from harnessrl.trainer.grpo import HarnessTrainer
+from harnessrl.trainer.trl_private import per_token_logps
 
 _MARK = "\x00HARNESSRL\x00"
 
@@ -84,17 +88,17 @@ def _find(seq: list[int], sub: list[int], start: int = 0, stop: int | None = Non
     return -1
 
 
-def user_message_end(tokenizer, ids: list[int], prompt_len: int) -> int:
-    """Position of the token that closes the first user message in the prompt (0 if not found)."""
+def user_message_end(tokenizer, ids: list[int], prompt_len: int) -> int | None:
+    """Position of the token that closes the first user message in the prompt (None if not found)."""
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
     pre, post = rendered.split(_MARK, 1)
     header = tokenizer(pre, add_special_tokens=False)["input_ids"][-3:]
     closer = tokenizer(post, add_special_tokens=False)["input_ids"][:1]
     at = _find(ids, header, 0, prompt_len)
     if at < 0 or not closer:
-        return 0
+        return None
     end = _find(ids, closer, at + len(header), prompt_len)
-    return end if end >= 0 else 0
+    return end if end >= 0 else None
 
 
 def trace_sample(s: Sample, block_ids: list[int], pos: int) -> Sample:
@@ -121,8 +125,9 @@ def task_messages(task_input: Any) -> list[dict]:
     return [{"role": "user", "content": str(task_input or "")}]
 
 
-def sft_sequence(tokenizer, task_input: Any, trace: dict, level: int, lam: float) -> tuple[list[int], list[float]]:
-    """Expert trace rendered after the task prompt, with per-token weights m_n."""
+def sft_sequence(tokenizer, prompt_ids: list[int], task_input: Any, trace: dict, level: int, lam: float) -> tuple[list[int], list[float]]:
+    """The rollout's prompt tokens `prompt_ids` (x, weight 0), then the expert turns rendered with the
+    chat template as they would follow the task's messages, with per-token weights m_n."""
     messages = task_messages(task_input)
     spans: list[tuple[str, float]] = []
     for turn in trace.get("turns", []):
@@ -139,9 +144,12 @@ def sft_sequence(tokenizer, task_input: Any, trace: dict, level: int, lam: float
         if turn.get("observation") is not None:
             messages.append({"role": "tool", "content": str(turn["observation"])})
     text = tokenizer.apply_chat_template(messages, tokenize=False)
-    # Character ranges with weights, found left to right after the prompt.
     prompt_text = tokenizer.apply_chat_template(task_messages(task_input), tokenize=False, add_generation_prompt=True)
-    cursor = len(prompt_text) if text.startswith(prompt_text) else 0
+    if not text.startswith(prompt_text):
+        raise UserError("the chat template does not render the expert trace as a continuation of the task prompt")
+    # What the model generates after x; tokenised on its own, as the rollout's generated tokens are.
+    text = text[len(prompt_text):]
+    cursor = 0
     ranges = []
     for piece, w in spans:
         at = text.find(piece, cursor)
@@ -154,10 +162,20 @@ def sft_sequence(tokenizer, task_input: Any, trace: dict, level: int, lam: float
         ranges.append((at, end, w))
         cursor = end
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    weights = []
+    weights = [0.0] * len(prompt_ids)
     for a, b in enc["offset_mapping"]:
         weights.append(max((w for s, e, w in ranges if a < e and b > s), default=0.0))
-    return list(enc["input_ids"]), weights
+    return list(prompt_ids) + list(enc["input_ids"]), weights
+
+
+def sft_row_weights(rows: list[tuple[str, bool]], everyone: list[tuple[str, bool]]) -> list[float]:
+    """Weight of each local row's L_SFT: 1/(T·c), T the tasks of the step, c the copies of the task's
+    SFT sequence in the step (one per process that holds a trace row of it); 0 without one."""
+    tasks = {k for k, _ in everyone}
+    copies: dict[str, int] = {}
+    for k, has in everyone:
+        copies[k] = copies.get(k, 0) + int(has)
+    return [1.0 / (len(tasks) * copies[k]) if has else 0.0 for k, has in rows]
 
 
 class PactTrainer(HarnessTrainer):
@@ -175,7 +193,7 @@ class PactTrainer(HarnessTrainer):
         lvl = level if self.cfg.pact_level_limits_context else 4
         key = (task_id, lvl)
         if key not in self._block_cache:
-            self._block_cache[key] = self._tokenizer(privileged_block(trace, lvl), add_special_tokens=False)["input_ids"]
+            self._block_cache[key] = self.tok(privileged_block(trace, lvl), add_special_tokens=False)["input_ids"]
         return self._block_cache[key]
 
     def build_batch(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
@@ -192,15 +210,17 @@ class PactTrainer(HarnessTrainer):
                 rows.append(s)
                 sft_rows.append(None)
                 continue
-            pos = user_message_end(self._tokenizer, s.input_ids, s.prompt_len)
+            pos = user_message_end(self.tok, s.input_ids, s.prompt_len)
+            if pos is None:
+                raise UserError(f"rollout {s.rollout_id}: no end of the first user message in its prompt, "
+                                "so there is no place for PACT's privileged block")
             rows.append(trace_sample(s, self._block(s.task_id, trace, level), pos))
             first = s.task_id not in seen
             seen.add(s.task_id)
-            sft_rows.append(sft_sequence(self._tokenizer, task.input, trace, level, lam) if first else None)
+            prompt = s.input_ids[:s.prompt_len]
+            sft_rows.append(sft_sequence(self.tok, prompt, task.input, trace, level, lam) if first else None)
         batch = collate(rows, self.pad_id, self.accelerator.device)
         batch["gate"] = torch.tensor(gates, device=self.accelerator.device)
-        task_ids = {s.task_id or s.rollout_id: i for i, s in enumerate(samples)}
-        batch["task_index"] = torch.tensor([list(task_ids).index(s.task_id or s.rollout_id) for s in samples], device=self.accelerator.device)
         L = max([len(r[0]) for r in sft_rows if r] or [1])
         sft_ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)
         sft_w = torch.zeros((len(rows), L))
@@ -213,28 +233,38 @@ class PactTrainer(HarnessTrainer):
         batch.update(sft_ids=sft_ids, sft_weights=sft_w, sft_mask=sft_attn)
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
 
+    def step_weights(self, batch, samples):
+        from accelerate.utils import gather_object
+
+        out = super().step_weights(batch, samples)
+        rows = list(zip([s.task_id or s.rollout_id for s in samples], (batch["sft_weights"][:, 1:].sum(-1) > 0).tolist()))
+        everyone = gather_object(rows) if self.accelerator.num_processes > 1 else rows
+        out["sft_row_weight"] = torch.tensor(sft_row_weights(rows, everyone), device=batch["sft_weights"].device)
+        return out
+
     def sft_losses(self, model, inputs) -> torch.Tensor:
-        """Per-task L_SFT for the rows that carry a trace sequence (Z > 0 only)."""
+        """(B,) L_SFT,i of the rows that carry a trace sequence (Z > 0), 0 on the other rows."""
         w = inputs["sft_weights"][:, 1:]
         rows = w.sum(-1) > 0
+        out = torch.zeros(w.size(0), device=w.device)
         if not bool(rows.any()):
-            return torch.zeros(0, device=w.device)
+            return out
         ids, attn, w = inputs["sft_ids"][rows], inputs["sft_mask"][rows], w[rows]
         # Score only from the first weighted token on (the task prompt has weight 0).
         first = int((w > 0).float().argmax(-1).min())
-        logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, attn, ids.size(1) - 1 - first)
+        logps, _ = per_token_logps(self, model, ids, attn, ids.size(1) - 1 - first)
         w = w[:, first:]
-        return -(logps * w).sum(-1) / w.sum(-1)
+        return out.masked_scatter(rows, -(logps * w).sum(-1) / w.sum(-1))
 
     def objective(self, model, inputs):
         logps, entropy = self.policy_logps(model, inputs)
         per_token, old = self.per_token_loss(logps, inputs)
         mask, g = inputs["loss_mask"], inputs["gate"][:, None]
         self.log_token_stats(logps, old, entropy, inputs)
-        rl = self.aggregate(per_token, mask, inputs)
+        rl = self.share(per_token, inputs["loss_weights"])
         sft = self.sft_losses(model, inputs)
-        n_tasks = int(inputs["task_index"].unique().numel())
-        sft_term = sft.sum() / n_tasks if sft.numel() else torch.zeros((), device=rl.device)
+        sft_term = self.share(sft, inputs["sft_row_weight"])
+        has_sft = inputs["sft_row_weight"] > 0
         self._log("pact/anchor_fraction", inputs["gate"].mean())
         lam, level = self.schedule()
         self._log("pact/lambda_a", lam)
@@ -243,5 +273,5 @@ class PactTrainer(HarnessTrainer):
             "loss": rl + self.cfg.pact_beta_sft * sft_term,
             "rl_anchor": aggregate(per_token.detach(), mask * g, "token_mean"),
             "rl_trace": aggregate(per_token.detach(), mask * (1 - g), "token_mean"),
-            "sft": sft.detach().mean() if sft.numel() else torch.zeros(()),
+            "sft": sft.detach()[has_sft].mean() if bool(has_sft.any()) else torch.zeros(()),
         }

@@ -1,0 +1,147 @@
+"""Loss normalisation over an optimizer step: the split into micro-batches (gradient accumulation)
+and processes (data parallel, gloo on CPU) changes neither the loss nor the gradient.
+
+Run as a script, this file is the worker of the 2-process test (started by torch.distributed.run)."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_fixtures import make_rows, write_samples
+
+from harnessrl.trainer.data import aggregate, collate
+from harnessrl.trainer.normalise import row_weights, token_weights, weighted_sum
+
+MODES = ("token_mean", "seq_mean", "rollout_mean")
+
+
+@pytest.mark.unit
+def test_split_weights_hand_numbers():
+    # rows (rollout): r0 = [1,2,3] mask [1,1,0] (A); r1 = [4,0,0] mask [1,0,0] (B);
+    # r2 = [6,8,0] mask [1,1,0] (B); r3 has no token (C). Micro-batches {r0, r1} and {r2, r3}:
+    # rollout B is split across them.
+    loss = torch.tensor([[1.0, 2, 3], [4, 0, 0], [6, 8, 0], [9, 9, 9]])
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
+    keys = ["A", "B", "B", "C"]
+    everyone = [("A", 2.0), ("B", 1.0), ("B", 2.0), ("C", 0.0)]
+    # token_mean: N = 5 → w = 1/5 on every token; (1+2+4)/5 + (6+8)/5 = 1.4 + 2.8 = 4.2
+    # seq_mean: S = 3 → r0 1/(3·2), r1 1/(3·1), r2 1/(3·2)
+    # rollout_mean: R = 2 (C has no token); n_A = 2, n_B = 3 → r0 1/4, r1 and r2 1/6;
+    #   (1+2)/4 + 4/6 = 1.41667 and (6+8)/6 = 2.33333 → 3.75, the unsplit rollout_mean.
+    #   The old per-micro-batch means: ((1.5 + 4)/2 + 7)/2 = 4.875 — B counted in both halves.
+    expect_w = {"token_mean": [0.2, 0.2, 0.2, 0.0], "seq_mean": [1 / 6, 1 / 3, 1 / 6, 0.0], "rollout_mean": [0.25, 1 / 6, 1 / 6, 0.0]}
+    expect_total = {"token_mean": 4.2, "seq_mean": 12.5 / 3, "rollout_mean": 3.75}
+    for mode in MODES:
+        assert row_weights(list(zip(keys, [2.0, 1.0, 2.0, 0.0])), everyone, mode) == pytest.approx(expect_w[mode])
+        halves = [slice(0, 2), slice(2, 4)]
+        gather = lambda _rows: everyone  # noqa: E731  (what the processes' gather returns)
+        parts = [weighted_sum(loss[h], token_weights(mask[h], keys[h], mode, gather)) for h in halves]
+        assert float(sum(parts)) == pytest.approx(expect_total[mode])
+        index = torch.tensor([0, 1, 1, 2])
+        assert float(aggregate(loss, mask, mode, index)) == pytest.approx(expect_total[mode])  # the unsplit definition
+    # Two processes holding one half each: each contributes W·Σ w·ℓ, data parallelism averages (÷W).
+    w_parts = [weighted_sum(loss[h], token_weights(mask[h], keys[h], "rollout_mean", lambda _r: everyone), processes=2) for h in halves]
+    assert float(sum(w_parts)) / 2 == pytest.approx(3.75)
+
+
+def uneven_rows(tok) -> list[dict]:
+    """8 samples of 4 rollouts (2 samples each) with 3, 5, …, 17 trainable tokens: micro-batches of any
+    split hold different token counts, and a rollout's samples may fall in different micro-batches."""
+    rows = make_rows(tok, n_tasks=2, k=4, rewards=[1.0, 0.0, 0.5, 0.25, 0.0, 1.0, 0.75, 0.5])
+    for i, r in enumerate(rows):
+        kept, keep = 0, 3 + 2 * i
+        mask = []
+        for m in r["loss_mask"]:
+            kept += m
+            mask.append(m if kept <= keep else 0)
+        r["loss_mask"] = mask
+        r["rollout_id"] = f"r{i // 2}"
+        r["behaviour_logprob"] = [(-2.0 if m else None) for m in mask]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return write_samples(tmp_path_factory.mktemp("norm"), uneven_rows(tok))
+
+
+def one_step(model_dir: Path, samples: Path, out: Path, loss_agg: str, grad_accum: int):
+    """One optimizer step through TRL's own loop; returns (logged loss, gradients before the optimizer step)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.trainer.data import load_samples
+    from harnessrl.trainer.grpo import HarnessTrainer, grpo_args
+
+    class Grads(TrainerCallback):
+        grads: dict = {}
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            Grads.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    cfg = TrainConfig(samples=str(samples), model=str(model_dir), out=str(out), steps=1, batch_size=8, grad_accum=grad_accum,
+                      lr=1e-3, loss_agg=loss_agg, report_to="none").validate()
+    data = load_samples(samples)
+    torch.manual_seed(0)
+    tr = HarnessTrainer(AutoModelForCausalLM.from_pretrained(model_dir), cfg, data, AutoTokenizer.from_pretrained(model_dir),
+                        args=grpo_args(cfg, len(data.samples), max_grad_norm=0.0, disable_tqdm=True), callbacks=[Grads()])
+    tr.train()
+    return tr.state.log_history[0]["loss"], Grads.grads
+
+
+@pytest.mark.parametrize("loss_agg", MODES)
+def test_grad_accum_changes_neither_loss_nor_gradient(samples, tiny_model_dir, tmp_path, loss_agg):
+    # Reference: the whole step as one micro-batch, and the same number computed from the definition.
+    loss1, g1 = one_step(tiny_model_dir, samples, tmp_path, loss_agg, 1)
+    from harnessrl.trainer.data import load_samples
+
+    data = load_samples(samples)
+    batch = collate(data.samples, 0)
+    assert all(int(m.sum()) == 3 + 2 * i for i, m in enumerate(batch["loss_mask"]))  # uneven, as built
+    # At the start of the step ratio = 1, so the surrogate per token is −A: the loss is −aggregate(A).
+    expect = -float(aggregate(batch["advantages"], batch["loss_mask"], loss_agg, batch["rollout_index"]))
+    assert loss1 == pytest.approx(expect, abs=1e-6)
+    for g in (2, 4):
+        loss_g, grads = one_step(tiny_model_dir, samples, tmp_path, loss_agg, g)
+        assert loss_g == pytest.approx(loss1, abs=1e-6), (g, loss_g, loss1)
+        assert grads.keys() == g1.keys()
+        for name, v in grads.items():
+            assert torch.allclose(v, g1[name], atol=1e-7, rtol=1e-4), (g, name, float((v - g1[name]).abs().max()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_gloo_same_loss_and_gradient(samples, tiny_model_dir, tmp_path):
+    # 2 processes × 2 micro-batches of 2 samples against 1 process × 1 micro-batch of 8, with
+    # rollout_mean: the per-rollout token counts are gathered from both processes.
+    loss_agg = "rollout_mean"
+    loss1, g1 = one_step(tiny_model_dir, samples, tmp_path, loss_agg, 1)
+    out = tmp_path / "ddp.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), __file__, str(tiny_model_dir), str(samples), str(out), loss_agg]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = torch.load(out)
+    assert got["processes"] == 2
+    assert got["loss"] == pytest.approx(loss1, abs=1e-6)
+    for name, v in got["grads"].items():
+        assert torch.allclose(v, g1[name], atol=1e-7, rtol=1e-4), (name, float((v - g1[name]).abs().max()))
+
+
+if __name__ == "__main__":  # worker of test_two_processes_gloo_same_loss_and_gradient
+    model_dir, samples_dir, out_file, agg = sys.argv[1:5]
+    loss, grads = one_step(Path(model_dir), Path(samples_dir), Path(out_file).parent / f"rank{os.environ['RANK']}", agg, 2)
+    if os.environ["RANK"] == "0":
+        torch.save({"loss": loss, "grads": grads, "processes": int(os.environ["WORLD_SIZE"])}, out_file)
