@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from harnessrl.db import db_url, open_db
 from harnessrl.errors import UserError
 from harnessrl.viewer.queries import STATUSES, ListQuery, group_rollouts, list_rollouts, runs
-from harnessrl.viewer.rollout import rollout_view
+from harnessrl.viewer.rollout import find_tokenizer, rollout_view
 from harnessrl.viewer.runs import check_loop_dir, runs_view
 from harnessrl.viewer.samples import Samples
 
@@ -108,8 +108,14 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
         data["query"] = q
         return data
 
+    found: dict[str, str] = {}  # the tokenizer directory, once found (a scan of the recorded model names)
+
     def rollout_data(rollout_id: str) -> dict[str, Any]:
-        view = rollout_view(engine, rollout_id, tokenizer, compiled)
+        if "dir" not in found:
+            tok = find_tokenizer(engine, tokenizer)
+            if tok:
+                found["dir"] = tok
+        view = rollout_view(engine, rollout_id, found.get("dir"), compiled)
         if view is None:
             raise NotFound(f"no rollout {rollout_id!r} in the records DB")
         return view

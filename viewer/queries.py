@@ -20,9 +20,15 @@ PER_PAGE_MAX = 200
 STATUSES = ("running", "finished")
 
 
+def _outcome_kind():
+    # `kind || ''`: keeps SQLite's planner off ix_rewards_kind_value (every outcome row) for
+    # lookups of one rollout's rewards, which ix_rewards_rollout_id answers in a few rows
+    return Reward.kind.op("||")("") == "outcome"
+
+
 def _latest_outcome():
     """Correlated subquery: the latest outcome reward of the outer rollout."""
-    return (select(Reward.value).where(Reward.rollout_id == Rollout.id, Reward.kind == "outcome")
+    return (select(Reward.value).where(Reward.rollout_id == Rollout.id, _outcome_kind())
             .order_by(Reward.id.desc()).limit(1).scalar_subquery())
 
 
@@ -143,7 +149,7 @@ def _add_aggregates(conn, rows: list[dict[str, Any]]) -> None:
            .where(Call.rollout_id.in_(ids)).group_by(Call.rollout_id))
     for rid, n, sessions, agents, tokens in conn.execute(agg):
         by_id[rid].update(calls=n, sessions=sessions, agents=agents, tokens=int(tokens))
-    rewards = (select(Reward.rollout_id, Reward.value).where(Reward.rollout_id.in_(ids), Reward.kind == "outcome")
+    rewards = (select(Reward.rollout_id, Reward.value).where(Reward.rollout_id.in_(ids), _outcome_kind())
                .order_by(Reward.id))
     for rid, value in conn.execute(rewards):
         by_id[rid]["reward"] = value  # the latest report wins

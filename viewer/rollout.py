@@ -39,12 +39,14 @@ def adv_bucket(a: float) -> str:
     return f"{'p' if a > 0 else 'n'}{step}"
 
 
-def tokenizer_dir(given: str | None, calls: list[Any]) -> str | None:
-    """The tokenizer for token text and classes: the given one, else the recorded model's
-    directory when it is a local one (as the compiler finds it)."""
+def find_tokenizer(engine: Engine, given: str | None) -> str | None:
+    """The tokenizer for token text and classes: the given one, else a recorded model name that
+    is a local directory (the compiler's rule)."""
     if given:
         return given
-    return next((c.model for c in calls if c.model and Path(c.model).is_dir()), None)
+    with engine.connect() as conn:
+        models = conn.execute(select(Call.model).where(Call.model.is_not(None)).distinct().limit(20)).scalars()
+        return next((m for m in models if Path(m).is_dir()), None)
 
 
 def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -75,7 +77,8 @@ def _tokens(lab: Labeller | None, ids: np.ndarray | None, classes: np.ndarray | 
 
 def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
                  samples: Samples | None = None) -> dict[str, Any] | None:
-    """Everything the rollout page shows; None when there is no such rollout."""
+    """Everything the rollout page shows; None when there is no such rollout. `tokenizer`: the
+    directory for token text and classes (`find_tokenizer`); without one, completions are text."""
     with engine.connect() as conn:
         ro = conn.execute(select(Rollout).where(Rollout.id == rollout_id)).first()
         if ro is None:
@@ -83,7 +86,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         calls = conn.execute(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq)).all()
         rewards = conn.execute(select(Reward.call_id, Reward.kind, Reward.name, Reward.value)
                                .where(Reward.rollout_id == rollout_id).order_by(Reward.id)).all()
-    tok_dir = tokenizer_dir(tokenizer, calls)
+    tok_dir = tokenizer
     lab = labeller(tok_dir) if tok_dir else None
     tokens: dict[str, CallTokens] = {}
     for c in calls:
