@@ -63,7 +63,8 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
                   tokenizer: str | None = None) -> FastAPI:
     """The viewer over a records DB (SQLite path or URL); `samples`: a compile output directory
     (advantages, loss masks); `loop`: a `harnessrl loop` output directory (`/runs`);
-    `tokenizer`: token text and classes (default: the recorded model's directory)."""
+    `tokenizer`: token text and classes (default: a recorded model name that is a directory, else
+    the loop's current checkpoint)."""
     url = db_url(db)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise UserError(f"records DB not found: {db}")
@@ -108,11 +109,17 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
         data["query"] = q
         return data
 
+    def loop_model() -> str | None:
+        """A loop's current checkpoint holds the tokenizer of its rollouts (harnesses often send
+        a model name that is no directory)."""
+        model = runs_view(loop_dir)["model"] if loop_dir else None
+        return model if model and Path(model).is_dir() else None
+
     found: dict[str, str] = {}  # the tokenizer directory, once found (a scan of the recorded model names)
 
     def rollout_data(rollout_id: str) -> dict[str, Any]:
         if "dir" not in found:
-            tok = find_tokenizer(engine, tokenizer)
+            tok = find_tokenizer(engine, tokenizer) or loop_model()
             if tok:
                 found["dir"] = tok
         view = rollout_view(engine, rollout_id, found.get("dir"), compiled)

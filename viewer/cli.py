@@ -11,7 +11,7 @@ def ui_cmd(
     db: str = typer.Option("runs.db", "--db", help="Records DB: SQLite path or postgresql+psycopg:// URL."),
     samples: Path | None = typer.Option(None, "--samples", help="A compile output directory: show loss masks and advantages."),
     loop: Path | None = typer.Option(None, "--loop", help="A `harnessrl loop` output directory: the runs page."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir, else the --loop checkpoint)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8765, "--port", help="Port to listen on."),
 ) -> None:

@@ -118,7 +118,10 @@ def list_rollouts(engine: Engine, q: ListQuery) -> dict[str, Any]:
     """One page of rollouts: {total, page, pages, rows}; each row with its outcome reward and
     its calls / sessions / agents / generated tokens."""
     key = _latest_outcome() if q.sort == "reward" else SORTS[q.sort]
-    order = [key.desc() if q.order == "desc" else key.asc(), Rollout.id.desc() if q.order == "desc" else Rollout.id]
+    first = key.desc() if q.order == "desc" else key.asc()
+    if q.sort == "reward":
+        first = first.nulls_last()  # rollouts without an outcome last either way, on every DB
+    order = [first, Rollout.id.desc() if q.order == "desc" else Rollout.id]
     with engine.connect() as conn:
         total = conn.execute(_filtered(q, select(func.count()).select_from(Rollout))).scalar_one()
         rows = conn.execute(_filtered(q, select(Rollout.id, Rollout.task_id, Rollout.group_id, Rollout.run,

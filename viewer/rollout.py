@@ -174,7 +174,7 @@ def _attach_samples(trees: list[dict[str, Any]], rows: list[dict[str, Any]], lab
         mask = np.asarray(row["loss_mask"], dtype=bool)
         adv = np.asarray(row["advantage"], dtype=np.float64)
         cls = np.asarray(row["token_class"])
-        pieces = lab.pieces(ids[start:end]) if lab else [(str(i), False) for i in ids[start:end].tolist()]
+        pieces = lab.pieces(ids[start:end]) if lab else [(f"[{i}]", False) for i in ids[start:end].tolist()]
         toks = [{"text": text, "special": special, "mask": bool(mask[k]), "cls": class_name(cls[k]),
                  "adv": float(adv[k]), "advb": adv_bucket(float(adv[k])) if mask[k] else "off"}
                 for k, (text, special) in zip(range(start, end), pieces)]

@@ -39,6 +39,7 @@ function setLive(on) {
 }
 
 document.addEventListener("DOMContentLoaded", function () {
+  document.documentElement.setAttribute("data-js", "on");  // shows the controls that need this script
   document.addEventListener("click", function (e) {
     var b = e.target.closest ? e.target.closest("button[data-expand]") : null;
     if (b) expandAll(b.getAttribute("data-expand") === "open");
