@@ -218,8 +218,32 @@ def test_list_query_on_sqlite_and_postgres(db_target):
             s.add(Call(id=f"c{seq}", rollout_id="r0", seq=seq, agent=agent, session_id=session, endpoint="chat",
                        request={}, status="ok", completion_tokens=5, created_at=0.0))
     page = list_rollouts(engine, ListQuery.parse({"sort": "reward", "order": "asc"}))
-    # r1 has no outcome (its process reward is not one); NULL sorts first on SQLite, last on PostgreSQL
-    assert [r["id"] for r in page["rows"] if r["reward"] is not None] == ["r2", "r0"]
+    # r1 has no outcome (its process reward is not one): last, on both DBs
+    assert [(r["id"], r["reward"]) for r in page["rows"]] == [("r2", 0.0), ("r0", 0.5), ("r1", None)]
     r0 = next(r for r in page["rows"] if r["id"] == "r0")
     assert (r0["calls"], r0["sessions"], r0["agents"], r0["tokens"]) == (4, 3, 2, 20)  # agent:p, s1, s2
     engine.dispose()
+
+
+def test_tokenizer_falls_back_to_the_loop_checkpoint(tiny_model_dir, tmp_path):
+    """Harnesses often send a model name that is no directory ("default"): the loop's current
+    checkpoint then gives token text and classes."""
+    from harnessrl.records import Call, pack_ids
+
+    db = str(tmp_path / "runs.db")
+    _, make = open_db(db)
+    with make.begin() as s:
+        s.add(Rollout(id="r", status="finished", next_seq=1, created_at=0.0))
+        s.flush()
+        s.add(Call(id="c", rollout_id="r", seq=0, endpoint="chat", model="default", request={"messages": []},
+                   status="ok", prompt_ids=pack_ids([1, 2]), completion_ids=pack_ids([3, 4, 5]), created_at=0.0))
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    (loop / "loop_state.json").write_text(json.dumps({"model": str(tiny_model_dir), "rounds": []}))
+    for kwargs, tokens in (({}, 0), ({"loop": loop}, 3)):
+        viewer = create_viewer(db, **kwargs)
+        with serve(viewer) as url:
+            view = httpx.get(f"{url}/api/rollouts/r").json()
+        viewer.state.engine.dispose()
+        assert len(view["calls"][0]["tokens"]) == tokens
+        assert view["tokenizer"] == (str(tiny_model_dir) if tokens else None)
