@@ -91,9 +91,13 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
     async def _missing(request: Request, exc: NotFound):
         return _error(request, 404, str(exc))
 
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception):
+        return _error(request, 500, f"internal viewer error: {type(exc).__name__}: {exc}")
+
     def _error(request: Request, status: int, message: str) -> Response:
         if "/api/" in request.url.path:
-            kind = "not_found" if status == 404 else "invalid_request_error"
+            kind = {404: "not_found", 500: "server_error"}.get(status, "invalid_request_error")
             return JSONResponse({"error": {"message": message, "type": kind}}, status)
         return page(request, "error.html", {"message": message, "status": status}, status)
 

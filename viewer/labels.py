@@ -26,6 +26,7 @@ class Labeller:
 
     pieces: Callable[[np.ndarray], list[tuple[str, bool]]]
     classes: Callable[[list[np.ndarray], list[list[dict[str, Any]] | None]], list[np.ndarray]]
+    vocab: int  # ids at or above this are not this tokenizer's: the recorded model used another
 
 
 @lru_cache(maxsize=4)
@@ -43,7 +44,7 @@ def labeller(tokenizer_dir: str) -> Labeller:
     def classes(completions, natives):
         return batch_token_classes(completions, tt, natives)
 
-    return Labeller(pieces, classes)
+    return Labeller(pieces, classes, len(tt.table))
 
 
 def class_name(code: int) -> str:

@@ -86,8 +86,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         calls = conn.execute(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq)).all()
         rewards = conn.execute(select(Reward.call_id, Reward.kind, Reward.name, Reward.value)
                                .where(Reward.rollout_id == rollout_id).order_by(Reward.id)).all()
-    tok_dir = tokenizer
-    lab = labeller(tok_dir) if tok_dir else None
+    lab = labeller(tokenizer) if tokenizer else None
     tokens: dict[str, CallTokens] = {}
     for c in calls:
         if c.status == "ok" and c.prompt_ids is not None and c.completion_ids is not None:
@@ -97,6 +96,10 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
                                       session_id=c.session_id, parent_call_id=c.parent_call_id)
     by_id = {c.id: c for c in calls}
     order = list(tokens)
+    mismatch = None
+    if lab is not None and any(len(t.completion) and int(t.completion.max()) >= lab.vocab for t in tokens.values()):
+        mismatch = f"token ids beyond the vocabulary of {tokenizer} (pass the recorded model's --tokenizer)"
+        lab = None
     classes: dict[str, np.ndarray] = {}
     if lab is not None and order:
         natives = [by_id[i].tool_calls for i in order]
@@ -108,8 +111,15 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
             outcome = r.value  # the latest report wins
         elif r.call_id:
             process.setdefault(r.call_id, {})[r.name] = r.value
-    views = {c.id: _call_view(c, tokens.get(c.id), classes.get(c.id), lab, process.get(c.id, {})) for c in calls}
-    trees = [_tree_view(t, views, by_id) for t in build_forest(list(tokens.values()))]
+    forest = build_forest(list(tokens.values()))
+    # a call shows the messages it added: those after its tree parent's messages and reply (only
+    # these are kept, so a long session is not quadratic in its history)
+    n_messages = {c.id: len(_messages(c.request or {})) for c in calls}
+    added_from = {n.call.call_id: min(n_messages[t.nodes[n.parent].call.call_id] + 1, n_messages[n.call.call_id])
+                  for t in forest for n in t.nodes if n.parent >= 0}
+    views = {c.id: _call_view(c, tokens.get(c.id), classes.get(c.id), lab, process.get(c.id, {}),
+                              added_from.get(c.id, 0)) for c in calls}
+    trees = [_tree_view(t, by_id) for t in forest]
     if samples is not None:
         _attach_samples(trees, samples.of_rollout(rollout_id), lab)
     return {
@@ -118,7 +128,8 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
                     "meta": ro.meta},
         "outcome": outcome,
         "rewards": [{"call_id": r.call_id, "kind": r.kind, "name": r.name, "value": r.value} for r in rewards],
-        "tokenizer": tok_dir,
+        "tokenizer": tokenizer if lab is not None else None,
+        "tokenizer_error": mismatch,
         "calls": [views[c.id] for c in calls],
         "timeline": _timeline(calls),
         "trees": trees,
@@ -128,7 +139,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
 
 
 def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: Labeller | None,
-               process: dict[str, float]) -> dict[str, Any]:
+               process: dict[str, float], added_from: int) -> dict[str, Any]:
     completion = ct.completion if ct is not None else None
     return {
         "id": c.id, "seq": c.seq, "agent": c.agent, "session_id": c.session_id,
@@ -139,22 +150,17 @@ def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: L
         "completion_tokens": c.completion_tokens, "response_text": c.response_text,
         "tool_calls": [_message_view({"tool_calls": [tc]})["tool_calls"][0] for tc in c.tool_calls or []
                        if isinstance(tc, dict)],
-        "messages": [_message_view(m) for m in _messages(c.request or {}) if isinstance(m, dict)],
-        "added_from": 0,  # index of the first message this call added (set from its tree parent)
+        "added_from": added_from,  # messages before this index were already in the tree parent
+        "messages": [_message_view(m) for m in _messages(c.request or {})[added_from:] if isinstance(m, dict)],
         "tokens": _tokens(lab, completion, classes, ct.logprobs if ct is not None else None),
         "process": process,
     }
 
 
-def _tree_view(tree: Any, views: dict[str, dict[str, Any]], by_id: dict[str, Any]) -> dict[str, Any]:
+def _tree_view(tree: Any, by_id: dict[str, Any]) -> dict[str, Any]:
     nodes = []
     for node in tree.nodes:
         call = node.call
-        parent = tree.nodes[node.parent].call.call_id if node.parent >= 0 else None
-        if parent is not None:
-            # what this call added: everything after the parent's messages and the parent's reply
-            views[call.call_id]["added_from"] = min(len(views[parent]["messages"]) + 1,
-                                                    len(views[call.call_id]["messages"]))
         nodes.append({"call": call.call_id, "seq": call.seq, "parent": node.parent, "cause": node.cause,
                       "turn": node.decision_index, "children": node.children,
                       "branch": node.parent >= 0 and len(tree.nodes[node.parent].children) > 1})

@@ -8,10 +8,20 @@ function expandAll(open) {
 
 function tokenInfo(event) {
   var box = document.getElementById("tokinfo");
-  var tok = event.target.closest ? event.target.closest(".tok[data-info]") : null;
+  var tok = event.target.closest ? event.target.closest(".tok") : null;
   if (!box) return;
-  if (!tok) { box.hidden = true; return; }
-  box.textContent = JSON.stringify(tok.textContent) + " · " + tok.getAttribute("data-info");
+  if (!tok || !tok.closest(".tokens")) { box.hidden = true; return; }
+  var cls = "";
+  tok.classList.forEach(function (c) { if (c.indexOf("c-") === 0) cls = c.slice(2); });
+  var parts = [JSON.stringify(tok.textContent), cls];
+  var lp = tok.getAttribute("data-lp");
+  if (lp !== null) parts.push("log-prob " + lp + " · p " + Math.exp(parseFloat(lp)).toFixed(3));
+  var adv = tok.getAttribute("data-adv");
+  if (adv !== null) {
+    parts.push(tok.classList.contains("adv-off") ? "not trained (loss mask 0)" : "trained");
+    parts.push("advantage " + adv);
+  }
+  box.textContent = parts.join(" · ");
   box.hidden = false;
 }
 
