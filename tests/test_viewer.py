@@ -255,3 +255,12 @@ def test_tokenizer_falls_back_to_the_loop_checkpoint(tiny_model_dir, tmp_path):
         assert view["tokenizer"] == (str(tiny_model_dir) if tokens else None)
         assert other.status_code == 200  # a mismatched tokenizer is flagged, not a crash
         assert ("token ids beyond the vocabulary" in other.text) == bool(tokens)
+
+
+def test_ui_command_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "harnessrl", "ui", "--db", str(tmp_path / "none.db")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == f"error: records DB not found: {tmp_path / 'none.db'}"

@@ -116,7 +116,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
     # these are kept, so a long session is not quadratic in its history)
     n_messages = {c.id: len(_messages(c.request or {})) for c in calls}
     added_from = {n.call.call_id: min(n_messages[t.nodes[n.parent].call.call_id] + 1, n_messages[n.call.call_id])
-                  for t in forest for n in t.nodes if n.parent >= 0}
+                  for t in forest for n in t.nodes if n.parent >= 0 and by_id[n.call.call_id].endpoint == "chat"}
     views = {c.id: _call_view(c, tokens.get(c.id), classes.get(c.id), lab, process.get(c.id, {}),
                               added_from.get(c.id, 0)) for c in calls}
     trees = [_tree_view(t, by_id) for t in forest]
