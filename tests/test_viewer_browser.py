@@ -16,6 +16,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from cdp import chromium_page
 from viewer_fixtures import ONERROR, PAYLOAD, SCRIPT, compile_samples, record_all, serve
 
 from harnessrl.client import HarnessRL
@@ -130,25 +131,52 @@ def test_recorded_markup_is_text_and_runs_nothing(site, shots):
     chromium(f"{url}/rollouts/{ids['retry']}", tmp, shots / "viewer-escaped.png", height=900)
 
 
+def _record(url: str, content: str) -> str:
+    with HarnessRL(url) as hrl, hrl.rollout(task_id="live", run="live") as ro:
+        client = openai.OpenAI(base_url=ro.base_url("solo"), api_key="unused", max_retries=0)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}],
+                                       max_tokens=4, temperature=0)
+    return ro.id
+
+
 def test_the_viewer_in_the_recording_proxy_shows_new_calls(tiny_model_dir, tmp_path):
     """Mounted at /ui in the running proxy (as the app layer mounts it): a rollout recorded after
-    the page was loaded appears when the page is loaded again."""
+    the page was loaded appears when the page is loaded again, and with "live" on it appears
+    without a reload; the page's controls work (collapse / expand, token details on hover)."""
     db = str(tmp_path / "runs.db")
     backend = LocalBackend(tiny_model_dir, seed=0)
     try:
         with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0), backend=backend) as proxy:
-            viewer = create_viewer(db)
+            viewer = create_viewer(db, tokenizer=str(tiny_model_dir))  # the proxy knows its model directory
             proxy.app.api.mount("/ui", viewer)
             before = chromium(proxy.url + "/ui/", tmp_path)
             assert not [a for a in before.having("tr") if "data-rollout" in a]
-            with HarnessRL(proxy.url) as hrl, hrl.rollout(task_id="live", run="live") as ro:
-                client = openai.OpenAI(base_url=ro.base_url("solo"), api_key="unused", max_retries=0)
-                client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi <b>x</b>"}],
-                                               max_tokens=4, temperature=0)
+            first = _record(proxy.url, "hi <b>x</b>")
             after = chromium(proxy.url + "/ui/", tmp_path)
-            assert [a["data-rollout"] for a in after.having("tr") if "data-rollout" in a] == [ro.id]
-            page = chromium(f"{proxy.url}/ui/rollouts/{ro.id}", tmp_path)
+            assert [a["data-rollout"] for a in after.having("tr") if "data-rollout" in a] == [first]
+            page = chromium(f"{proxy.url}/ui/rollouts/{first}", tmp_path)
             assert len(page.having("details", class_="node")) == 1 and "hi <b>x</b>" in page.text
+
+            rows = "[...document.querySelectorAll('tr[data-rollout]')].map(r => r.dataset.rollout)"
+            with chromium_page(CHROMIUM, tmp_path / "cdp") as tab:
+                tab.goto(proxy.url + "/ui/")
+                tab.eval("window.loadedOnce = true; document.getElementById('live').click()")
+                second = _record(proxy.url, "a second one")
+                tab.wait_for(f"{rows}.includes('{second}')")  # refreshed in place within a few seconds
+                assert tab.eval("window.loadedOnce === true")  # the same document: no reload
+                assert tab.eval(rows) == [second, first]
+
+                tab.goto(f"{proxy.url}/ui/rollouts/{second}")
+                details = "[...document.querySelectorAll('details')]"
+                tab.eval("document.querySelector('button[data-expand=close]').click()")
+                assert tab.eval(f"{details}.every(d => !d.open)")
+                tab.eval("document.querySelector('button[data-expand=open]').click()")
+                assert tab.eval(f"{details}.every(d => d.open)")
+                tab.eval("document.querySelector('.completion .tok').dispatchEvent("
+                         "new MouseEvent('mouseover', {bubbles: true}))")
+                info = tab.eval("document.getElementById('tokinfo').hidden ? '' : "
+                                "document.getElementById('tokinfo').textContent")
+                assert "log-prob" in info and " · p " in info
             viewer.state.engine.dispose()
     finally:
         backend.close()
