@@ -156,6 +156,9 @@ def test_missing_inputs_are_user_errors(tmp_path):
         create_viewer(str(tmp_path / "runs.db"), samples=tmp_path)
     with pytest.raises(UserError, match="no loop_state.json"):
         create_viewer(str(tmp_path / "runs.db"), loop=tmp_path)
+    (tmp_path / "samples.parquet").write_text("not parquet")
+    with pytest.raises(UserError, match="not a Parquet file"):
+        create_viewer(str(tmp_path / "runs.db"), samples=tmp_path)
 
 
 def test_paging_100k_rollouts_stays_on_indexes(tmp_path):
