@@ -46,9 +46,10 @@ class Rollout(Base):
     group_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     run: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # e.g. a loop round
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished
+    # status and created_at are indexed: the trace viewer filters and sorts 100k rollouts on them
+    status: Mapped[str] = mapped_column(String(16), default="running", index=True)  # running | finished
     next_seq: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
@@ -102,6 +103,9 @@ class Reward(Base):
     value: Mapped[float] = mapped_column(Float)
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+    # the viewer's reward-range filter and reward sort read outcome values from this index
+    __table_args__ = (Index("ix_rewards_kind_value", "kind", "value"),)
 
 
 class WeightVersion(Base):

@@ -5,11 +5,14 @@ every module (top level or inside a function), `importlib.import_module("…")` 
 and any `__import__` (forbidden outright). Layers (docs/architecture.md):
 
     core (harnessrl.*)        ↛ any part, the app
-    proxy                     ↛ compiler, trainer, harness_examples, app
-    compiler                  ↛ proxy, trainer, harness_examples, app
-    trainer                   ↛ proxy, compiler, harness_examples, app
-    harness_examples          ↛ proxy, compiler, trainer, app
+    proxy                     ↛ compiler, trainer, harness_examples, viewer, app
+    compiler                  ↛ proxy, trainer, harness_examples, viewer, app
+    trainer                   ↛ proxy, compiler, harness_examples, viewer, app
+    harness_examples          ↛ proxy, compiler, trainer, viewer, app
+    viewer                    ↛ proxy, trainer, harness_examples, app  (reads through core and the compiler)
     app (harnessrl.app)       may import everything
+
+No part imports the viewer; only the app (the `ui` command, the proxy's `/ui/` mount) does.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from pathlib import Path
 
 import pytest
 
-PARTS = ("proxy", "compiler", "trainer", "harness_examples", "migrations")
+PARTS = ("proxy", "compiler", "trainer", "harness_examples", "viewer", "migrations")
 FORBIDDEN = {
-    "core": {"proxy", "compiler", "trainer", "harness_examples", "app"},
-    "proxy": {"compiler", "trainer", "harness_examples", "app"},
-    "compiler": {"proxy", "trainer", "harness_examples", "app"},
-    "trainer": {"proxy", "compiler", "harness_examples", "app"},
-    "harness_examples": {"proxy", "compiler", "trainer", "app"},
-    "migrations": {"proxy", "compiler", "trainer", "harness_examples", "app"},
+    "core": {"proxy", "compiler", "trainer", "harness_examples", "viewer", "app"},
+    "proxy": {"compiler", "trainer", "harness_examples", "viewer", "app"},
+    "compiler": {"proxy", "trainer", "harness_examples", "viewer", "app"},
+    "trainer": {"proxy", "compiler", "harness_examples", "viewer", "app"},
+    "harness_examples": {"proxy", "compiler", "trainer", "viewer", "app"},
+    "viewer": {"proxy", "trainer", "harness_examples", "app"},
+    "migrations": {"proxy", "compiler", "trainer", "harness_examples", "viewer", "app"},
     "app": set(),
 }
 
@@ -113,7 +117,8 @@ def test_the_package_keeps_the_contract():
     names = {m for m, _, _ in modules}
     # the walk really covers every layer (an empty walk would pass vacuously)
     for expected in ("harnessrl.records", "harnessrl.proxy.server", "harnessrl.compiler.trees",
-                     "harnessrl.trainer.losses", "harnessrl.harness_examples.chat", "harnessrl.app.loop"):
+                     "harnessrl.trainer.losses", "harnessrl.harness_examples.chat", "harnessrl.app.loop",
+                     "harnessrl.viewer.app"):
         assert expected in names
     found = [v for name, file, pkg in modules for v in violations(file.read_text(), name, pkg)]
     assert not found, "import contract broken:\n" + "\n".join(found)
@@ -134,6 +139,12 @@ def test_the_package_keeps_the_contract():
      "harnessrl.proxy.app:1 imports harnessrl.compiler (proxy ↛ compiler)"),
     ("harnessrl.harness_examples.chat", "from harnessrl.proxy.prefix import x\n",
      "harnessrl.harness_examples.chat:1 imports harnessrl.proxy.prefix (harness_examples ↛ proxy)"),
+    ("harnessrl.viewer.app", "from harnessrl.proxy.server import run_proxy\n",
+     "harnessrl.viewer.app:1 imports harnessrl.proxy.server (viewer ↛ proxy)"),
+    ("harnessrl.proxy.app", "from harnessrl.viewer.app import create_viewer\n",
+     "harnessrl.proxy.app:1 imports harnessrl.viewer.app (proxy ↛ viewer)"),
+    ("harnessrl.compiler.inspect", "import harnessrl.viewer\n",
+     "harnessrl.compiler.inspect:1 imports harnessrl.viewer (compiler ↛ viewer)"),
     ("harnessrl.app.loop", "m = __import__('harnessrl.harness_examples.react')\n",
      "harnessrl.app.loop:1 uses __import__ (use an ordinary import)"),
 ])
@@ -147,3 +158,5 @@ def test_the_app_and_core_imports_that_are_allowed():
     assert violations("from harnessrl.records import Call\nfrom harnessrl.errors import UserError\n",
                       "harnessrl.compiler.export") == []
     assert violations("from harnessrl.client import HarnessRL\n", "harnessrl.harness_examples.chat") == []
+    assert violations("from harnessrl.compiler.trees import build_forest\n", "harnessrl.viewer.rollout") == []
+    assert violations("from harnessrl.viewer.app import create_viewer\n", "harnessrl.app.cli") == []

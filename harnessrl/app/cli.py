@@ -16,6 +16,7 @@ from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
 from harnessrl.proxy import cli as proxy_cli
 from harnessrl.trainer import cli as trainer_cli
+from harnessrl.viewer import cli as viewer_cli
 
 app = typer.Typer(
     help="harnessrl: record any agent harness through an OpenAI-compatible proxy, compile RL samples, train.",
@@ -92,7 +93,7 @@ def demo(
     run_demo(out, rounds, algo, sft_steps)
 
 
-for _part in (proxy_cli, compiler_cli, trainer_cli):
+for _part in (proxy_cli, compiler_cli, trainer_cli, viewer_cli):
     _part.register(app)
 
 

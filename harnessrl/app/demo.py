@@ -69,3 +69,5 @@ def run_demo(out: Path, rounds: int = 2, algo: str = "grpo", sft_steps: int = 40
     console.rule("4. what was recorded")
     console.print(records_table(str(cfg.out / "runs.db")))
     console.print(f"samples, checkpoints and curves.png are under {cfg.out}; final weights: {state.model}")
+    console.print(f"open the trace viewer: [bold]harnessrl ui --db {cfg.out / 'runs.db'} --loop {cfg.out}" + "".join(
+        f" --samples {d}" for d in sorted(cfg.out.glob("round-*/samples"), key=lambda p: p.stat().st_mtime)[-1:]) + "[/bold]")

@@ -1,0 +1,209 @@
+"""One rollout as the page shows it: the calls on a timeline by agent and session, each session's
+prefix tree (compiler/trees.py, the same trees the compiler builds), every completion's tokens with
+their class and log-prob, rewards, and with a compile output the samples' loss mask and advantages.
+
+The result is plain data (dicts and lists), rendered by the template and served as JSON as is.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, select
+
+from harnessrl.compiler.trees import CallTokens, build_forest, session_key
+from harnessrl.messages import content_text
+from harnessrl.records import Call, Reward, Rollout, unpack_ids, unpack_logprobs
+from harnessrl.viewer.labels import Labeller, class_name, labeller
+from harnessrl.viewer.samples import Samples
+
+MAX_SAMPLE_TOKENS = 4000  # tokens of one sample shown (the rest is summarised)
+
+
+def lp_bucket(lp: float | None) -> int:
+    """Shading step of a token's log-prob: 0 (p ≳ 0.9) … 4 (p < 0.05)."""
+    if lp is None or math.isnan(lp):
+        return 0
+    return next((i for i, bound in enumerate((-0.1, -0.5, -1.5, -3.0)) if lp >= bound), 4)
+
+
+def adv_bucket(a: float) -> str:
+    """Colour step of an advantage: p1..p3 above zero, n1..n3 below, z near zero."""
+    mag = abs(a)
+    if mag < 0.05:
+        return "z"
+    step = 1 if mag < 0.5 else 2 if mag < 1.0 else 3
+    return f"{'p' if a > 0 else 'n'}{step}"
+
+
+def find_tokenizer(engine: Engine, given: str | None) -> str | None:
+    """The tokenizer for token text and classes: the given one, else a recorded model name that
+    is a local directory (the compiler's rule)."""
+    if given:
+        return given
+    with engine.connect() as conn:
+        models = conn.execute(select(Call.model).where(Call.model.is_not(None)).distinct().limit(20)).scalars()
+        return next((m for m in models if Path(m).is_dir()), None)
+
+
+def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    if "messages" in request:
+        return request.get("messages") or []
+    prompt = request.get("prompt")
+    return [{"role": "prompt", "content": prompt if isinstance(prompt, str) else str(prompt)}]
+
+
+def _message_view(m: dict[str, Any]) -> dict[str, Any]:
+    calls = [{"name": (tc.get("function") or {}).get("name"), "arguments": (tc.get("function") or {}).get("arguments")}
+             for tc in m.get("tool_calls") or [] if isinstance(tc, dict)]
+    return {"role": str(m.get("role", "?")), "content": content_text(m.get("content")), "tool_calls": calls,
+            "name": m.get("name") or m.get("tool_call_id")}
+
+
+def _tokens(lab: Labeller | None, ids: np.ndarray | None, classes: np.ndarray | None,
+            logprobs: np.ndarray | None) -> list[dict[str, Any]]:
+    if lab is None or ids is None:
+        return []
+    out = []
+    for k, (text, special) in enumerate(lab.pieces(ids)):
+        lp = float(logprobs[k]) if logprobs is not None and k < len(logprobs) else None
+        out.append({"text": text, "special": special, "cls": class_name(classes[k]) if classes is not None else "none",
+                    "lp": lp, "lpb": lp_bucket(lp)})
+    return out
+
+
+def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
+                 samples: Samples | None = None) -> dict[str, Any] | None:
+    """Everything the rollout page shows; None when there is no such rollout. `tokenizer`: the
+    directory for token text and classes (`find_tokenizer`); without one, completions are text."""
+    with engine.connect() as conn:
+        ro = conn.execute(select(Rollout).where(Rollout.id == rollout_id)).first()
+        if ro is None:
+            return None
+        calls = conn.execute(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq)).all()
+        rewards = conn.execute(select(Reward.call_id, Reward.kind, Reward.name, Reward.value)
+                               .where(Reward.rollout_id == rollout_id).order_by(Reward.id)).all()
+    lab = labeller(tokenizer) if tokenizer else None
+    tokens: dict[str, CallTokens] = {}
+    for c in calls:
+        if c.status == "ok" and c.prompt_ids is not None and c.completion_ids is not None:
+            tokens[c.id] = CallTokens(call_id=c.id, seq=c.seq, key=session_key(c.session_id, c.agent),
+                                      prompt=unpack_ids(c.prompt_ids), completion=unpack_ids(c.completion_ids),
+                                      logprobs=unpack_logprobs(c.completion_logprobs), agent=c.agent,
+                                      session_id=c.session_id, parent_call_id=c.parent_call_id)
+    by_id = {c.id: c for c in calls}
+    order = list(tokens)
+    mismatch = None
+    if lab is not None and any(len(t.completion) and int(t.completion.max()) >= lab.vocab for t in tokens.values()):
+        mismatch = f"token ids beyond the vocabulary of {tokenizer} (pass the recorded model's --tokenizer)"
+        lab = None
+    classes: dict[str, np.ndarray] = {}
+    if lab is not None and order:
+        natives = [by_id[i].tool_calls for i in order]
+        classes = dict(zip(order, lab.classes([tokens[i].completion for i in order], natives)))
+    process: dict[str, dict[str, float]] = {}
+    outcome: float | None = None
+    for r in rewards:
+        if r.kind == "outcome":
+            outcome = r.value  # the latest report wins
+        elif r.call_id:
+            process.setdefault(r.call_id, {})[r.name] = r.value
+    forest = build_forest(list(tokens.values()))
+    # a call shows the messages it added: those after its tree parent's messages and reply (only
+    # these are kept, so a long session is not quadratic in its history)
+    n_messages = {c.id: len(_messages(c.request or {})) for c in calls}
+    added_from = {n.call.call_id: min(n_messages[t.nodes[n.parent].call.call_id] + 1, n_messages[n.call.call_id])
+                  for t in forest for n in t.nodes if n.parent >= 0 and by_id[n.call.call_id].endpoint == "chat"}
+    views = {c.id: _call_view(c, tokens.get(c.id), classes.get(c.id), lab, process.get(c.id, {}),
+                              added_from.get(c.id, 0)) for c in calls}
+    trees = [_tree_view(t, by_id) for t in forest]
+    if samples is not None:
+        _attach_samples(trees, samples.of_rollout(rollout_id), lab)
+    return {
+        "rollout": {"id": ro.id, "task": ro.task_id, "group": ro.group_id, "run": ro.run, "status": ro.status,
+                    "started": ro.created_at, "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
+                    "meta": ro.meta},
+        "outcome": outcome,
+        "rewards": [{"call_id": r.call_id, "kind": r.kind, "name": r.name, "value": r.value} for r in rewards],
+        "tokenizer": tokenizer if lab is not None else None,
+        "tokenizer_error": mismatch,
+        "calls": [views[c.id] for c in calls],
+        "timeline": _timeline(calls),
+        "trees": trees,
+        "untreed": [views[c.id]["id"] for c in calls if c.id not in tokens],
+        "has_samples": samples is not None,
+    }
+
+
+def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: Labeller | None,
+               process: dict[str, float], added_from: int) -> dict[str, Any]:
+    completion = ct.completion if ct is not None else None
+    return {
+        "id": c.id, "seq": c.seq, "agent": c.agent, "session_id": c.session_id,
+        "key": session_key(c.session_id, c.agent), "parent_call_id": c.parent_call_id, "endpoint": c.endpoint,
+        "model": c.model, "stream": c.stream, "status": c.status, "error": c.error, "finish_reason": c.finish_reason,
+        "latency_ms": c.latency_ms, "weight_version": c.weight_version, "prompt_path": c.prompt_path,
+        "prefix_call_id": c.prefix_call_id, "drift": c.drift, "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens, "response_text": c.response_text,
+        "tool_calls": [_message_view({"tool_calls": [tc]})["tool_calls"][0] for tc in c.tool_calls or []
+                       if isinstance(tc, dict)],
+        "added_from": added_from,  # messages before this index were already in the tree parent
+        "messages": [_message_view(m) for m in _messages(c.request or {})[added_from:] if isinstance(m, dict)],
+        "tokens": _tokens(lab, completion, classes, ct.logprobs if ct is not None else None),
+        "process": process,
+    }
+
+
+def _tree_view(tree: Any, by_id: dict[str, Any]) -> dict[str, Any]:
+    nodes = []
+    for node in tree.nodes:
+        call = node.call
+        nodes.append({"call": call.call_id, "seq": call.seq, "parent": node.parent, "cause": node.cause,
+                      "turn": node.decision_index, "children": node.children,
+                      "branch": node.parent >= 0 and len(tree.nodes[node.parent].children) > 1})
+    first = by_id[tree.nodes[0].call.call_id]
+    return {"key": tree.key, "agent": first.agent, "session_id": first.session_id, "nodes": nodes,
+            "roots": tree.roots, "dispatched_by": first.parent_call_id, "samples": []}
+
+
+def _attach_samples(trees: list[dict[str, Any]], rows: list[dict[str, Any]], lab: Labeller | None) -> None:
+    """Each sample under the session tree its calls belong to, with per-token class, loss mask
+    and advantage from the compile output (not recomputed)."""
+    home = {n["call"]: t for t in trees for n in t["nodes"]}
+    for row in sorted(rows, key=lambda r: r["sample_id"]):
+        ids = np.asarray(row["input_ids"], dtype=np.int64)
+        start = int(row["prompt_len"])
+        end = min(len(ids), start + MAX_SAMPLE_TOKENS)
+        mask = np.asarray(row["loss_mask"], dtype=bool)
+        adv = np.asarray(row["advantage"], dtype=np.float64)
+        cls = np.asarray(row["token_class"])
+        pieces = lab.pieces(ids[start:end]) if lab else [(f"[{i}]", False) for i in ids[start:end].tolist()]
+        toks = [{"text": text, "special": special, "mask": bool(mask[k]), "cls": class_name(cls[k]),
+                 "adv": float(adv[k]), "advb": adv_bucket(float(adv[k])) if mask[k] else "off"}
+                for k, (text, special) in zip(range(start, end), pieces)]
+        trained = adv[mask]
+        view = {"id": row["sample_id"], "call_ids": list(row["call_ids"] or []), "tokens": toks,
+                "trained": int(mask.sum()), "length": len(ids), "truncated": len(ids) - end,
+                "adv_min": float(trained.min()) if len(trained) else None,
+                "adv_max": float(trained.max()) if len(trained) else None,
+                "outcome_reward": row["outcome_reward"]}
+        tree = next((home[c] for c in view["call_ids"] if c in home), None)
+        if tree is not None:
+            tree["samples"].append(view)
+
+
+def _timeline(calls: list[Any]) -> dict[str, Any]:
+    """Lanes (agent, session key) in order of first call; a column per call in seq order."""
+    lanes: dict[str, dict[str, Any]] = {}
+    for c in calls:
+        key = session_key(c.session_id, c.agent)
+        lanes.setdefault(key, {"key": key, "agent": c.agent, "cells": {}})["cells"][c.seq] = c.id
+    seqs = [c.seq for c in calls]
+    seq_of = {c.id: c.seq for c in calls}
+    edges = [{"from": seq_of[c.parent_call_id], "to": c.seq} for c in calls if c.parent_call_id in seq_of]
+    return {"seqs": seqs, "lanes": [{"key": ln["key"], "agent": ln["agent"],
+                                     "cells": [ln["cells"].get(s) for s in seqs]} for ln in lanes.values()],
+            "edges": edges}
