@@ -1,4 +1,4 @@
-"""Advantage estimators' math (METHODS §5). Pure functions over per-rollout / per-unit rewards;
+"""Advantage estimators' math (docs/methods.md §5). Pure functions over per-rollout / per-unit rewards;
 `estimators.py` maps compiled rollouts onto them.
 
 Every normalisation is `(x − mean) / (std + eps)` over a group. A group (or bucket) of one has

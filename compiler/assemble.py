@@ -1,4 +1,4 @@
-"""Stage 4 of `harnessrl compile`: a rollout's session trees → linear samples (METHODS §2).
+"""Stage 4 of `harnessrl compile`: a rollout's session trees → linear samples (docs/methods.md §2).
 
 Every root-to-leaf path is one sample: the leaf's `prompt ⧺ completion`, mask 1 and the unit's
 classes and advantage on the completions this path owns (`trees.linear_paths`), the recorded
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl.compiler.reader import RolloutWork
-from harnessrl.compiler.schema import CLASS_NAMES
+from harnessrl.samples import CLASS_NAMES
 from harnessrl.compiler.scoring import trained
 from harnessrl.compiler.trees import SessionTree, linear_paths
 

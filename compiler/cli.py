@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from harnessrl.algorithms import algo_help, default_train_agents, get_algorithm
+
 tasks_app = typer.Typer(help="Tasks and expert traces in the records DB.", no_args_is_help=True)
 
 
@@ -19,8 +21,13 @@ def compile_cmd(
     reward: str | None = typer.Option(None, "--reward", help="Outcome reward: f1 | exact_match | contains | module:fn "
                                       "(default: the harness-reported outcome)."),
     process: str = typer.Option("", "--process", help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir."),
-    advantage: str = typer.Option("grpo", "--advantage", help="grpo | harness | matpo | matchtir."),
-    train_agents: str = typer.Option("central", "--train-agents", help="central | all | comma-separated agent names."),
+    algo: str | None = typer.Option(None, "--algo", help="Compile for this objective: its registry entry sets the "
+                                    "defaults of --advantage and --train-agents. " + algo_help()),
+    advantage: str | None = typer.Option(None, "--advantage", help="grpo | harness | matpo | matchtir "
+                                         "(default: the --algo's estimator, else grpo)."),
+    train_agents: str | None = typer.Option(None, "--train-agents", help="central | all | comma-separated agent names "
+                                            "(default: the --algo's scope, else the scope of the estimator's "
+                                            "algorithm: all for matpo, central otherwise)."),
     rollouts: str = typer.Option("", "--rollouts", help="Only these rollout ids (comma-separated)."),
     since: str | None = typer.Option(None, "--since", help="Only rollouts created at or after (epoch or ISO time)."),
     run: str | None = typer.Option(None, "--run", help="Only rollouts of this run."),
@@ -46,6 +53,12 @@ def compile_cmd(
     from harnessrl.compiler.labels import ClassConfig
     from harnessrl.compiler.summary import summary_notes, summary_table
 
+    if algo is not None:
+        spec = get_algorithm(algo)
+        advantage = advantage or spec.advantage
+        train_agents = train_agents or spec.train_agents
+    advantage = advantage or "grpo"
+    train_agents = train_agents or default_train_agents(advantage)
     opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,

@@ -1,11 +1,11 @@
-"""Token classes of a decision unit (METHODS §3), labelled on the completion's bytes.
+"""Token classes of a decision unit (docs/methods.md §3), labelled on the completion's bytes.
 
 A completion's ids are decoded to bytes with per-token offsets (`tokentext`), the response
 formats are recognised on the bytes (`<think>`, hermes `<tool_call>` JSON, MATPO
 `<use_mcp_tool>` XML, `<answer>` / `\\boxed{}`; native `tool_calls` are found in the raw text the
 ids still carry), every byte gets a class, and a token takes the first of
 action > args > reasoning > format among its bytes. A completion with no call and no answer
-marker is a final answer: its free text is `args` (METHODS), or `reasoning` with
+marker is a final answer: its free text is `args` (docs/methods.md §3), or `reasoning` with
 `ClassConfig(unmarked_answer="reasoning")`.
 
 Cost: a batch of completions is joined with a NUL separator and labelled with one regex pass per
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl.compiler.response import ANSWER, BOXED, MCP, MCP_FIELD, THINK, THINK_CLOSE, TOOL_CALL, boxed_span, native_call
-from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, NONE, REASONING
+from harnessrl.samples import ACTION, ARGS, FORMAT, NONE, REASONING
 from harnessrl.compiler.tokentext import TokenText
 from harnessrl.errors import UserError
 
@@ -36,7 +36,7 @@ _FROM_RANK = np.array([FORMAT, FORMAT, REASONING, ARGS, ACTION], dtype=np.int8)
 @dataclass
 class ClassConfig:
     """Which tools dispatch a sub-agent, which argument keys name the sub-agent, and the class of
-    a final answer written without a marker (`args` as METHODS §3 says, or `reasoning`)."""
+    a final answer written without a marker (`args` as docs/methods.md §3 says, or `reasoning`)."""
 
     dispatch_tools: frozenset[str] = frozenset({"dispatch", "delegate", "call_agent", "run_agent"})
     agent_keys: frozenset[str] = frozenset({"agent", "agent_name", "subagent", "sub_agent", "worker"})

@@ -1,4 +1,4 @@
-"""MatchTIR hard credit assignment (METHODS §7, PACT appendix): predicted calls are matched
+"""MatchTIR hard credit assignment (docs/methods.md §7, PACT appendix): predicted calls are matched
 one-to-one to reference calls and each predicted call is rewarded with its pair's similarity."""
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ class Reader:
             tt.check_ids(np.concatenate([c.prompt, c.completion]), f"call {c.call_id}", self.tokenizer_dir())
 
     def _edges(self, works: list[RolloutWork]) -> None:
-        """Cross-session edges: the recorded parent call, else inferred (METHODS §2)."""
+        """Cross-session edges: the recorded parent call, else inferred (docs/methods.md §2)."""
         need: dict[str, list[tuple[RolloutWork, str, CallTokens]]] = defaultdict(list)
         for w in works:
             for tree in w.trees:

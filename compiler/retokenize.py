@@ -1,4 +1,4 @@
-"""Ids for calls recorded without them (METHODS §1): re-rendered with the model's chat template.
+"""Ids for calls recorded without them (docs/methods.md §1): re-rendered with the model's chat template.
 
 A re-rendered call is flagged `retokenized`: its ids may differ from what the model sampled, and
 it has no behaviour log-probs. Cost: two template renders and two encodes per call.

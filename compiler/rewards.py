@@ -1,69 +1,23 @@
-"""Outcome and process rewards (METHODS §4).
+"""Outcome and process rewards (docs/methods.md §4).
 
-Outcome functions take (prediction text, reference) and return a float; a reference may be a
-string or a list of acceptable strings (the best match counts). Process rewards score one
+Outcome functions take (prediction text, reference) and return a float: the built-in ones are
+core's harnessrl.metrics (shared with the example harnesses). Process rewards score one
 decision unit (one call's completion).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
-import string
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from harnessrl.compiler.response import ParsedCall
 from harnessrl.errors import UserError
+from harnessrl.metrics import contains, exact_match, f1
+from harnessrl.plugins import load_function
 
 RewardFn = Callable[[str, Any], float]
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def _refs(reference: Any) -> list[str]:
-    if reference is None:
-        return []
-    if isinstance(reference, (list, tuple)):
-        return [str(r) for r in reference]
-    if isinstance(reference, dict) and "answer" in reference:
-        return _refs(reference["answer"])
-    return [str(reference)]
-
-
-def _f1_one(pred: str, ref: str) -> float:
-    p, r = normalize_answer(pred).split(), normalize_answer(ref).split()
-    common = sum((Counter(p) & Counter(r)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(p), common / len(r)
-    return 2 * precision * recall / (precision + recall)
-
-
-def exact_match(prediction: str, reference: Any) -> float:
-    return max((float(normalize_answer(prediction) == normalize_answer(r)) for r in _refs(reference)), default=0.0)
-
-
-def f1(prediction: str, reference: Any) -> float:
-    """Token-level F1 after SQuAD normalisation."""
-    return max((_f1_one(prediction, r) for r in _refs(reference)), default=0.0)
-
-
-def contains(prediction: str, reference: Any) -> float:
-    """ToolHop AC: 1 if the normalised reference occurs in the normalised prediction."""
-    pred = normalize_answer(prediction)
-    return max((float(bool(normalize_answer(r)) and normalize_answer(r) in pred) for r in _refs(reference)),
-               default=0.0)
-
 
 OUTCOME_FUNCTIONS: dict[str, RewardFn] = {"exact_match": exact_match, "f1": f1, "contains": contains}
 
@@ -74,14 +28,7 @@ def load_reward_fn(spec: str) -> RewardFn:
         return OUTCOME_FUNCTIONS[spec]
     if ":" not in spec:
         raise UserError(f"unknown reward function {spec!r}: use f1, exact_match, contains or module:function")
-    module_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"cannot load reward function {spec!r}: {exc}") from None
-    if not callable(fn):
-        raise UserError(f"reward function {spec!r} is not callable")
-    return fn
+    return load_function(spec, "reward function")
 
 
 # ---- process rewards -------------------------------------------------------------------------

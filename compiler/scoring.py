@@ -1,4 +1,4 @@
-"""Stage 2 of `harnessrl compile`: rewards attached to rollouts and decision units (METHODS §4).
+"""Stage 2 of `harnessrl compile`: rewards attached to rollouts and decision units (docs/methods.md §4).
 
 Outcome: the harness-reported one (the latest report wins) or a named function of the central
 agent's final answer; a rollout with neither has `has_outcome = False` (the pipeline leaves it

@@ -10,7 +10,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from harnessrl.compiler.reader import Reader
-from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, REASONING
+from harnessrl.samples import ACTION, ARGS, FORMAT, REASONING
 from harnessrl.compiler.tokentext import TokenText
 from harnessrl.db import db_url, open_db
 from harnessrl.errors import UserError

@@ -1,4 +1,4 @@
-"""Expert traces for PACT (METHODS §6.4): turns, a rule segmenter for reasoning, prefix levels.
+"""Expert traces for PACT (docs/methods.md §6.4): turns, a rule segmenter for reasoning, prefix levels.
 
 `structure_trace(messages)` turns an expert's OpenAI-style chat messages into
 
@@ -20,11 +20,12 @@ preview (L0 nothing, L4 the longest safe prefix) **[R]**.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
 from harnessrl.compiler.response import parse_response
+from harnessrl.messages import content_text
+from harnessrl.pact_levels import all_levels
 
 _PARAGRAPHS = re.compile(r"\n\s*\n")
 _JSON_OBJECT = re.compile(r"\{\s*\"[^\"]+\"\s*:")
@@ -51,30 +52,9 @@ def segment(reasoning: str, call: dict[str, Any] | None) -> list[dict[str, Any]]
     return [{"text": p, "explicit_call_preview": is_call_preview(p, call)} for p in parts]
 
 
-def levels(segments: list[dict[str, Any]]) -> list[str]:
-    safe: list[str] = []
-    for s in segments:
-        if s["explicit_call_preview"]:
-            break
-        safe.append(s["text"])
-    return ["\n\n".join(safe[: math.ceil(level * len(safe) / 4)]) for level in range(5)]
-
-
-def level_at_step(step: int, total_steps: int) -> int:
-    """PACT's curriculum: level(s) = 4 − min(4, ⌊5s/S⌋) **[R]**."""
-    return 4 - min(4, (5 * step) // max(total_steps, 1))
-
-
-def _content(message: dict[str, Any]) -> str:
-    c = message.get("content")
-    if isinstance(c, list):  # content parts
-        return "".join(p.get("text", "") for p in c if isinstance(p, dict))
-    return c or ""
-
-
 def _split_assistant(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]], str]:
     """(reasoning, calls, answer text) of one assistant message."""
-    content = _content(message)
+    content = content_text(message.get("content"))
     parsed = parse_response(content, message.get("tool_calls"))
     calls = [{"name": c.name, "arguments": c.arguments or {}} for c in parsed.calls if c.name]
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
@@ -101,9 +81,9 @@ def structure_trace(messages: list[dict[str, Any]]) -> dict[str, Any]:
             call = calls[0] if calls else None
             segs = segment(reasoning, call)
             turns.append({"reasoning": reasoning, "reasoning_segments": segs, "tool_call": call,
-                          "tool_calls": calls, "observation": None, "levels": levels(segs)})
+                          "tool_calls": calls, "observation": None, "levels": all_levels(segs)})
         elif turns and role in ("tool", "user"):
-            text = _content(m)
+            text = content_text(m.get("content"))
             obs = [text] if role == "tool" else _TOOL_RESPONSE.findall(text)
             if obs:
                 prev = turns[-1]["observation"]

@@ -1,4 +1,4 @@
-"""Session prefix trees over token arrays (METHODS §2).
+"""Session prefix trees over token arrays (docs/methods.md §2).
 
 Per rollout and session key (the harness's session id, else the agent name), calls are inserted
 in `seq` order. A call extends the deepest earlier node (the longest `S = prompt ⧺ completion`)
@@ -195,7 +195,7 @@ def infer_parent_calls(
     central: list[tuple[int, str, list[str]]],
     sessions: list[tuple[str, int, str]],
 ) -> dict[str, str]:
-    """Cross-session edges for sessions with no `parent_call_id` (METHODS §2).
+    """Cross-session edges for sessions with no `parent_call_id` (docs/methods.md §2).
 
     `central`: (seq, call_id, dispatched sub-task texts) of the central agent's calls;
     `sessions`: (session key, seq of its first call, its first user message text).

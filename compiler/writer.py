@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harnessrl.compiler.schema import SAMPLE_SCHEMA, TASK_SCHEMA
+from harnessrl.samples import SAMPLE_SCHEMA, TASK_SCHEMA
 from harnessrl.compiler.traces import structure_trace
 
 

@@ -1,4 +1,4 @@
-"""The records schema (METHODS §1): tasks, rollouts, calls, rewards, expert traces, weight versions.
+"""The records schema (docs/methods.md §1): tasks, rollouts, calls, rewards, expert traces, weight versions.
 
 Token ids and log-probs are stored as little-endian int32 / float32 byte arrays
 (`pack_ids`, `pack_logprobs`), not JSON text: a 4k-token prompt is 16 KB, not 25 KB of

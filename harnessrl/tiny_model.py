@@ -18,6 +18,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from harnessrl.toolcalls import BLOCK, tool_calls_in
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -217,8 +219,6 @@ def _probes_pass(model, tokenizer) -> bool:
     a call of it, a tool result gets a text answer; both end with EOS within 40 tokens."""
     import torch
 
-    from harnessrl.proxy.toolparse import parse_hermes
-
     def greedy(messages: list[dict]) -> tuple[str, bool]:
         ids = tokenizer.apply_chat_template(messages, tools=_PROBE_TOOLS, add_generation_prompt=True, return_dict=False)
         eos = model.generation_config.eos_token_id
@@ -231,14 +231,16 @@ def _probes_pass(model, tokenizer) -> bool:
     try:
         for question in ("What is the capital of france?", "Search for the capital of spain, then answer."):
             text, ended = greedy([{"role": "user", "content": question}])
-            content, calls = parse_hermes(text)
-            if not ended or [c["function"]["name"] for c in calls] != [DEFAULT_TOOL]:
+            calls = tool_calls_in(text)
+            if not ended or [c.name for c in calls] != [DEFAULT_TOOL]:
                 return False
+            call = {"id": "call_0", "type": "function",
+                    "function": {"name": calls[0].name, "arguments": calls[0].arguments_json()}}
             result = [{"role": "user", "content": question},
-                      {"role": "assistant", "content": content, "tool_calls": calls},
-                      {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Paris 42"}]
+                      {"role": "assistant", "content": BLOCK.sub("", text).strip() or None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": "call_0", "content": "Paris 42"}]
             text, ended = greedy(result)
-            if not ended or parse_hermes(text)[1] or not text.strip():
+            if not ended or tool_calls_in(text) or not text.strip():
                 return False
         return True
     finally:

@@ -15,11 +15,13 @@ content; the compiler counts it as an invalid call attempt. Core module: stdlib 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)  # group 1: the body
 
 
 @dataclass(frozen=True)
@@ -59,3 +61,8 @@ def parse_tool_call(body: str) -> ToolCall | None:
         return None
     arguments = parse_arguments(obj["arguments"] if "arguments" in obj else obj.get("parameters"))
     return ToolCall(name, arguments) if arguments is not None else None
+
+
+def tool_calls_in(text: str) -> list[ToolCall]:
+    """The tool calls of every complete `<tool_call>` block in `text`, in order."""
+    return [call for m in BLOCK.finditer(text) if (call := parse_tool_call(m.group(1))) is not None]

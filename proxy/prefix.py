@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from harnessrl.messages import content_text
+
 
 @dataclass(slots=True)
 class Turn:
@@ -48,9 +50,7 @@ class Turn:
 
 
 def _text(content: Any) -> str | None:
-    if isinstance(content, list):  # OpenAI content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or None
+    return content_text(content) or None
 
 
 def _args(arguments: Any) -> Any:

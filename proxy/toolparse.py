@@ -1,5 +1,7 @@
 """Hermes-style tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen
-and vLLM's `hermes` parser use them) turned into OpenAI `tool_calls`.
+and vLLM's `hermes` parser use them) turned into OpenAI `tool_calls`. What a block means is
+core's rule (harnessrl.toolcalls, shared with the compiler); this module splits content from
+calls and decides what of a growing text may be streamed.
 
 `<think>…</think>` is ordinary content here: the text a harness gets back is what it must send
 back, so reasoning stays in `content` as the model wrote it.
@@ -7,14 +9,9 @@ back, so reasoning stays in `content` as the model wrote it.
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-
-_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+from harnessrl.toolcalls import BLOCK, TOOL_CALL_OPEN, parse_tool_call
 
 
 def new_call_id() -> str:
@@ -22,26 +19,18 @@ def new_call_id() -> str:
 
 
 def _as_tool_call(body: str) -> dict | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
+    call = parse_tool_call(body)
+    if call is None:
         return None
-    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]
-            and isinstance(obj.get("arguments"), dict)):
-        return None
-    return {
-        "id": new_call_id(),
-        "type": "function",
-        # ensure_ascii=False like vLLM's hermes parser, so non-ASCII arguments round-trip as written
-        "function": {"name": obj["name"], "arguments": json.dumps(obj["arguments"], ensure_ascii=False)},
-    }
+    return {"id": new_call_id(), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json()}}
 
 
 def parse_hermes(text: str) -> tuple[str | None, list[dict]]:
     """Split model output into (content, tool_calls).
 
-    Every `<tool_call>` block holding a JSON object with a string "name" and an object
-    "arguments" becomes a tool call and leaves the content; a block that does not parse stays in
+    Every `<tool_call>` block that is a call by harnessrl.toolcalls' rule becomes a tool call
+    and leaves the content; a block that does not parse stays in
     the content as text. Whitespace next to a removed block is dropped and the remaining pieces
     are joined by a newline. Without tool calls the content is `text` unchanged. Content is None
     when only whitespace is left.
@@ -49,7 +38,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[dict]]:
     pieces: list[str] = []
     calls: list[dict] = []
     start = 0
-    for match in _BLOCK.finditer(text):
+    for match in BLOCK.finditer(text):
         call = _as_tool_call(match.group(1))
         if call is None:
             continue

@@ -1,4 +1,4 @@
-"""Advantage estimators (METHODS §5) against numbers worked out by hand."""
+"""Advantage estimators (docs/methods.md §5) against numbers worked out by hand."""
 
 import math
 from collections import Counter

@@ -1,4 +1,4 @@
-"""Token classes (METHODS §3) on the tiny tokenizer's real ids, and response parsing."""
+"""Token classes (docs/methods.md §3) on the tiny tokenizer's real ids, and response parsing."""
 
 import numpy as np
 import pytest
@@ -7,10 +7,10 @@ from harnessrl.compiler.labels import ClassConfig, batch_token_classes, label_by
 from harnessrl.compiler.response import parse_response
 from harnessrl.compiler.tokentext import TokenText
 from harnessrl.errors import UserError
-from harnessrl.compiler.schema import ACTION as A
-from harnessrl.compiler.schema import ARGS as G
-from harnessrl.compiler.schema import FORMAT as F
-from harnessrl.compiler.schema import REASONING as R
+from harnessrl.samples import ACTION as A
+from harnessrl.samples import ARGS as G
+from harnessrl.samples import FORMAT as F
+from harnessrl.samples import REASONING as R
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_boundary_token_takes_the_higher_class(tok, tt):
 
 
 def test_think_opened_by_the_template(tok, tt):
-    # no call and no marker: the text after </think> is the final answer, args (METHODS §3)
+    # no call and no marker: the text after </think> is the final answer, args (docs/methods.md §3)
     check(tok, tt, [("plan first\n", R), ("</think>", F), ("\n\n", F), ("The answer is alpha.", G), ("<|im_end|>", F)])
 
 

@@ -17,7 +17,7 @@ from harnessrl.client import HarnessRL
 from harnessrl.compiler.response import parse_response
 from harnessrl.compiler.tokentext import TokenText
 from harnessrl.compiler.export import CompileOptions, Compiler
-from harnessrl.compiler.schema import ACTION
+from harnessrl.samples import ACTION
 from harnessrl.db import open_db
 from harnessrl.proxy.local_backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
@@ -203,3 +203,23 @@ def test_central_scope_trains_the_planner_only(recorded, tmp_path, tiny_model_di
     assert stats["totals"]["untrained_sessions"] == 2
     # a single rollout is a group of one: no baseline, advantage 0, counted
     assert set(samples[0]["advantage"]) == {0.0} and stats["totals"]["singleton_groups"] == 1
+
+
+@pytest.mark.parametrize("flags, trained", [
+    ((), {"planner"}),  # grpo: the central agent only
+    (("--advantage", "matpo"), {"planner", "worker"}),  # the estimator's algorithm trains every role
+    (("--algo", "matpo"), {"planner", "worker"}),
+    (("--algo", "matpo", "--train-agents", "central"), {"planner"}),  # an explicit scope wins
+    (("--algo", "pact"), {"planner"}),
+])
+def test_compile_scope_follows_the_algorithm_registry(recorded, tmp_path, tiny_model_dir, flags, trained):
+    import subprocess
+    import sys
+
+    db, ids, _ = recorded
+    done = subprocess.run([sys.executable, "-m", "harnessrl", "compile", db, "--out", str(tmp_path),
+                           "--rollouts", ids["planner"], "--tokenizer", str(tiny_model_dir), *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    agents = {s["agent"] for s in pq.read_table(tmp_path / "samples.parquet").to_pylist()}
+    assert agents == trained

@@ -1,21 +1,13 @@
-"""Outcome and process rewards (METHODS §4) and MatchTIR matching (§7), against hand numbers."""
+"""Outcome and process rewards (docs/methods.md §4) and MatchTIR matching (§7), against hand numbers."""
 
 import numpy as np
 import pytest
 
 from harnessrl.compiler.response import ParsedCall
 from harnessrl.compiler.matchtir import call_rewards, match, similarity, similarity_matrix, turn_rewards
-from harnessrl.compiler.rewards import (
-    contains,
-    dispatch_ok,
-    exact_match,
-    f1,
-    load_reward_fn,
-    normalize_answer,
-    observed_results,
-    tool_format,
-)
+from harnessrl.compiler.rewards import dispatch_ok, load_reward_fn, observed_results, tool_format
 from harnessrl.errors import UserError
+from harnessrl.metrics import contains, exact_match, f1, normalize_answer
 
 
 def shouting_reward(prediction, reference):  # a user reward function, loaded as module:function
@@ -42,7 +34,7 @@ def test_reward_function_lookup():
     assert fn("YES", "x") == 2.0
     with pytest.raises(UserError, match="unknown reward function 'bleu'"):
         load_reward_fn("bleu")
-    with pytest.raises(UserError, match="cannot load reward function"):
+    with pytest.raises(UserError, match="reward function .no_such_module_xyz:fn.: cannot load it"):
         load_reward_fn("no_such_module_xyz:fn")
 
 

@@ -5,7 +5,8 @@ import sys
 
 from sqlalchemy import select
 
-from harnessrl.compiler.traces import level_at_step, levels, segment, structure_trace
+from harnessrl.compiler.traces import segment, structure_trace
+from harnessrl.pact_levels import all_levels, reasoning_level
 from harnessrl.db import open_db
 from harnessrl.records import ExpertTrace, Task
 
@@ -50,12 +51,12 @@ def test_preview_rules():
     assert flags == [False, True, True, True, False]  # the last one misses the value 3
     # four safe segments: ⌈ℓ·4/4⌉ = ℓ of them
     four = [{"text": str(i), "explicit_call_preview": False} for i in range(4)]
-    assert levels(four) == ["", "0", "0\n\n1", "0\n\n1\n\n2", "0\n\n1\n\n2\n\n3"]
+    assert all_levels(four) == ["", "0", "0\n\n1", "0\n\n1\n\n2", "0\n\n1\n\n2\n\n3"]
 
 
 def test_level_schedule():
     # level(s) = 4 − min(4, ⌊5s/S⌋) with S = 10: s=0,1 → 4; 2,3 → 3; 4,5 → 2; 6,7 → 1; 8.. → 0
-    assert [level_at_step(s, 10) for s in range(11)] == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0, 0]
+    assert [reasoning_level(s, 10) for s in range(11)] == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0, 0]
 
 
 def run_cli(monkeypatch, capsys, *args):

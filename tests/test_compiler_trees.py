@@ -1,4 +1,4 @@
-"""Session prefix trees (METHODS §2) on hand-built token arrays."""
+"""Session prefix trees (docs/methods.md §2) on hand-built token arrays."""
 
 import numpy as np
 

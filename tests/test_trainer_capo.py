@@ -8,7 +8,7 @@ import torch
 from trainer_fixtures import make_trainer, own_loss, start_logps, tiny_samples
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from harnessrl.compiler.schema import ACTION, ARGS
+from harnessrl.samples import ACTION, ARGS
 from harnessrl.errors import UserError
 from harnessrl.trainer.capo import CapoTrainer
 from harnessrl.trainer.capo_partition import Partition, build_partition, probe_set, top_units, write_outputs

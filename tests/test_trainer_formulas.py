@@ -10,7 +10,7 @@ from trainer_fixtures import make_rows, make_trainer, prepend_prompt, start_logp
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
-from harnessrl.compiler.schema import ACTION, ARGS
+from harnessrl.samples import ACTION, ARGS
 from harnessrl.trainer.capo_partition import activation_stats, top_units
 from harnessrl.trainer.data import Sample, collate, load_samples
 from harnessrl.trainer.grpo import HarnessTrainer

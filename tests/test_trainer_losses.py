@@ -7,7 +7,8 @@ import torch
 
 from harnessrl.trainer.data import aggregate
 from harnessrl.trainer.losses import clipped_surrogate, k3_kl, tis_weight
-from harnessrl.trainer.pact import gate, lambda_a, reasoning_level, reasoning_prefix
+from harnessrl.pact_levels import reasoning_level, reasoning_prefix
+from harnessrl.trainer.pact import gate, lambda_a
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harnessrl.compiler.schema import ACTION, ARGS, FORMAT, REASONING, SAMPLE_SCHEMA, TASK_SCHEMA
+from harnessrl.samples import ACTION, ARGS, FORMAT, REASONING, SAMPLE_SCHEMA, TASK_SCHEMA
 
 
 def _classes(tok, text: str, spans: list[tuple[str, int]]) -> tuple[list[int], list[int]]:

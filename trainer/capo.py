@@ -1,4 +1,4 @@
-"""CAPO routing (METHODS §6.2 step 4):
+"""CAPO routing (docs/methods.md §6.2 step 4):
 
     g = (M_act + γ(1−M_act))⊙∇L_act + (M_args + γ(1−M_args))⊙∇L_args + ∇L_other
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from harnessrl.compiler.schema import ACTION, ARGS
+from harnessrl.samples import ACTION, ARGS
 from harnessrl.errors import UserError
 from harnessrl.trainer.capo_partition import Partition
 from harnessrl.trainer.data import aggregate

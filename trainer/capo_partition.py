@@ -1,4 +1,4 @@
-"""CAPO partitions (METHODS §6.2 steps 1–3): MLP-unit activation statistics per token class on a
+"""CAPO partitions (docs/methods.md §6.2 steps 1–3): MLP-unit activation statistics per token class on a
 probe set of successful rollouts, layer-wise importance, top-ρ units per class.
 
 A unit u of layer l is the u-th input of `down_proj` (act(gate)·up); its parameters are row u of
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from harnessrl.compiler.schema import ACTION, ARGS
+from harnessrl.samples import ACTION, ARGS
 from harnessrl.errors import UserError
 from harnessrl.trainer.data import Sample, collate
 

@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from harnessrl.algorithms import algo_help
+
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the main app."""
@@ -16,7 +18,7 @@ def register(app: typer.Typer) -> None:
     def train(
         samples: Path = typer.Argument(..., help="Directory written by `harnessrl compile` (samples.parquet)."),
         model: Optional[str] = typer.Option(None, "--model", help="Model directory (HF checkpoint)."),
-        algo: Optional[str] = typer.Option(None, "--algo", help="grpo | capo | matpo | pact"),
+        algo: Optional[str] = typer.Option(None, "--algo", help=algo_help()),
         out: Optional[str] = typer.Option(None, "--out", help="Checkpoint directory (one sub-directory per version)."),
         steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps."),
         batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per optimizer step."),
@@ -32,7 +34,7 @@ def register(app: typer.Typer) -> None:
         report_to: Optional[str] = typer.Option(None, "--report-to", help="TRL/transformers loggers (none, tensorboard, wandb, ...)."),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file with any of these options."),
     ) -> None:
-        """Train the policy on compiled samples with TRL (METHODS §6) and optionally push the weights."""
+        """Train the policy on compiled samples with TRL (docs/methods.md §6) and optionally push the weights."""
         from harnessrl.trainer.config import load_config
         from harnessrl.trainer.run import train as run_train
 

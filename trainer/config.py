@@ -1,6 +1,6 @@
 """Training configuration: one dataclass, filled from defaults, then a YAML file, then CLI flags.
 
-Every METHODS §6 constant is a field here, never a literal in the objectives."""
+Every docs/methods.md §6 constant is a field here, never a literal in the objectives."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from harnessrl.algorithms import get_algorithm
 from harnessrl.errors import UserError
 
-ALGOS = ("grpo", "capo", "matpo", "pact")
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean")
 
 
@@ -62,12 +62,11 @@ class TrainConfig:
         return 0.001 if self.algo == "pact" else 0.0
 
     def validate(self) -> "TrainConfig":
-        if self.algo not in ALGOS:
-            raise UserError(f"unknown --algo {self.algo!r}; choose one of {', '.join(ALGOS)}")
+        get_algorithm(self.algo)  # a clear error naming the choices
         if self.loss_agg not in LOSS_AGGS:
             raise UserError(f"unknown --loss-agg {self.loss_agg!r}; choose one of {', '.join(LOSS_AGGS)}")
         if self.algo == "matpo" and self.loss_agg != "token_mean":
-            raise UserError("matpo uses token_mean aggregation over the augmented batch (METHODS §6.3)")
+            raise UserError("matpo uses token_mean aggregation over the augmented batch (docs/methods.md §6.3)")
         if self.algo == "capo" and not self.partition:
             raise UserError("--algo capo needs --partition FILE (make one with `harnessrl capo-partition`)")
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:

@@ -1,4 +1,4 @@
-"""Compiled samples in, padded tensors out, and the loss aggregation modes (METHODS §6 common).
+"""Compiled samples in, padded tensors out, and the loss aggregation modes (docs/methods.md §6 common).
 
 A sample's "prompt" is the root call's prompt (`prompt_len` tokens); everything after it is the
 "completion" TRL scores. Observation tokens inside it keep attention but have loss mask 0, so the
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from harnessrl.compiler.schema import SAMPLE_SCHEMA
+from harnessrl.samples import SAMPLE_SCHEMA
 from harnessrl.errors import UserError
 
 

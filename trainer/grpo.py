@@ -1,4 +1,4 @@
-"""The TRL GRPOTrainer fed with compiled batches, and the `grpo` objective (METHODS §6.1).
+"""The TRL GRPOTrainer fed with compiled batches, and the `grpo` objective (docs/methods.md §6.1).
 
 TRL's loop, optimizer, logging (`report_to`), accelerate/DeepSpeed/FSDP and fused log-prob head
 are kept. Two methods change: `_generate_and_score_completions` collates compiled samples instead

@@ -1,4 +1,4 @@
-"""Per-token terms shared by every objective (METHODS §6 common).
+"""Per-token terms shared by every objective (docs/methods.md §6 common).
 
 ρ = exp(logp_θ − logp_old);  ℓ = −min(ρA, clip(ρ, 1−ε_lo, 1+ε_hi)A);
 KL: k3 estimator exp(ref − logp) − (ref − logp) − 1 (TRL's);

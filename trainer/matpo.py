@@ -1,4 +1,4 @@
-"""MATPO (METHODS §6.3): one model, every role. The batch is the augmented batch of planner and
+"""MATPO (docs/methods.md §6.3): one model, every role. The batch is the augmented batch of planner and
 worker samples from the same rollouts; the advantage is the compiler's `matpo` estimator (one
 scalar per rollout, broadcast to every sample of the rollout); token-mean over the augmented
 batch, ε = 0.2, β = 0 unless configured."""

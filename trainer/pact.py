@@ -1,4 +1,4 @@
-"""PACT (METHODS §6.4): per-task gate, trace-conditioned surrogate, component-aware SFT.
+"""PACT (docs/methods.md §6.4): per-task gate, trace-conditioned surrogate, component-aware SFT.
 
 - Gate z_i ~ Bernoulli(q) per task per step, from a hash of (seed, task, step): reproducible and
   independent of batch order. z = 1 anchors (plain surrogate), z = 0 trains on the trace.
@@ -28,8 +28,11 @@ from typing import Any
 import torch
 
 from harnessrl.errors import UserError
+from harnessrl.pact_levels import reasoning_level, reasoning_prefix
+from harnessrl.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from harnessrl.trainer.data import Sample, aggregate, collate
 from harnessrl.trainer.grpo import HarnessTrainer
+from harnessrl.trainer.sft import span_weights
 from harnessrl.trainer.trl_private import per_token_logps
 
 _MARK = "\x00HARNESSRL\x00"
@@ -44,22 +47,6 @@ def gate(seed: int, task_id: str, step: int, q: float) -> int:
 
 def lambda_a(step: int, total: int, start: float = 0.8, end: float = 0.2) -> float:
     return start - (start - end) * min(step / max(total, 1), 1.0)
-
-
-def reasoning_level(step: int, total: int) -> int:
-    """L4 at the start, down to L0: 4 − min(4, ⌊5s/S⌋)."""
-    return 4 - min(4, (5 * step) // max(total, 1))
-
-
-def reasoning_prefix(segments: list[dict], level: int) -> str:
-    """The first ⌈level/4 · n⌉ of the n safe segments (those before the first explicit call preview)."""
-    safe = []
-    for seg in segments or []:
-        if seg.get("explicit_call_preview"):
-            break
-        safe.append(seg["text"])
-    n = math.ceil(level / 4 * len(safe))
-    return "\n\n".join(safe[:n])
 
 
 def _call_json(call: dict) -> str:
@@ -139,7 +126,7 @@ def sft_sequence(tokenizer, prompt_ids: list[int], task_input: Any, trace: dict,
         if turn.get("tool_call"):
             call = turn["tool_call"]
             msg["tool_calls"] = [{"type": "function", "function": {"name": call["name"], "arguments": call.get("arguments", {})}}]
-            spans.append(("<tool_call>", lam))
+            spans.append((TOOL_CALL_OPEN, lam))
         messages.append(msg)
         if turn.get("observation") is not None:
             messages.append({"role": "tool", "content": str(turn["observation"])})
@@ -156,16 +143,13 @@ def sft_sequence(tokenizer, prompt_ids: list[int], task_input: Any, trace: dict,
         if at < 0:
             continue
         end = at + len(piece)
-        if piece == "<tool_call>":  # the complete call span, tags included
-            close = text.find("</tool_call>", at)
-            end = close + len("</tool_call>") if close >= 0 else end
+        if piece == TOOL_CALL_OPEN:  # the complete call span, tags included
+            close = text.find(TOOL_CALL_CLOSE, at)
+            end = close + len(TOOL_CALL_CLOSE) if close >= 0 else end
         ranges.append((at, end, w))
         cursor = end
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    weights = [0.0] * len(prompt_ids)
-    for a, b in enc["offset_mapping"]:
-        weights.append(max((w for s, e, w in ranges if a < e and b > s), default=0.0))
-    return list(prompt_ids) + list(enc["input_ids"]), weights
+    ids, weights = span_weights(tokenizer, text, ranges)
+    return list(prompt_ids) + ids, [0.0] * len(prompt_ids) + weights
 
 
 def sft_row_weights(rows: list[tuple[str, bool]], everyone: list[tuple[str, bool]]) -> list[float]:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import UserError
+from harnessrl.tasks_file import parse_line
+from harnessrl.toolcalls import TOOL_CALL_OPEN
 
 
 @dataclass
@@ -34,7 +36,6 @@ class SftConfig:
 
 def read_sft_tasks(path: str | Path) -> list[tuple[list[dict], list[dict], list[dict] | None]]:
     """(input messages, expert messages, tools) for every line with an expert trace."""
-    from harnessrl.tasks_file import parse_line
     from harnessrl.trainer.pact import task_messages
 
     path = Path(path)
@@ -69,14 +70,21 @@ def weighted_sequence(tokenizer, prompt: list[dict], expert: list[dict], tools: 
             raise UserError("the chat template does not render the conversation incrementally; cannot locate assistant turns")
         start, end = len(before), len(upto.rstrip("\n"))
         spans.append((start, end, 1.0))
-        call_at = text.find("<tool_call>", start, end)
+        call_at = text.find(TOOL_CALL_OPEN, start, end)
         if call_at >= 0:
             spans.append((call_at, end, call_weight))
+    return span_weights(tokenizer, text, spans)
+
+
+def span_weights(tokenizer, text: str, spans: list[tuple[int, int, float]]) -> tuple[list[int], list[float]]:
+    """`text` tokenised, and each token's weight: that of the latest span (character range) it
+    overlaps, so a tool-call span inside an assistant turn overrides the turn's weight; 0 outside
+    every span. Shared by the warm start and PACT's L_SFT, so both weigh call spans the same way."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     weights = []
     for a, b in enc["offset_mapping"]:
         inside = [w for s, e, w in spans if a < e and b > s]
-        weights.append(inside[-1] if inside else 0.0)  # the innermost (latest) span decides
+        weights.append(inside[-1] if inside else 0.0)
     return list(enc["input_ids"]), weights
 
 

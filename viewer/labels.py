@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from harnessrl.compiler.schema import CLASS_NAMES  # the class codes (moving to core harnessrl/samples.py)
+from harnessrl.samples import CLASS_NAMES
 
 _VISIBLE = str.maketrans({" ": "·", "\t": "→", "\n": "↵\n", "\r": "␍"})
 
@@ -33,7 +33,8 @@ class Labeller:
 def labeller(tokenizer_dir: str) -> Labeller:
     """The labeller of a tokenizer directory, built once per directory (the table of a 150k
     vocabulary takes a moment). The one function that calls the compiler's labelling."""
-    from harnessrl.compiler.classes import TokenText, batch_token_classes
+    from harnessrl.compiler.labels import batch_token_classes
+    from harnessrl.compiler.tokentext import TokenText
 
     tt = TokenText.from_dir(tokenizer_dir)
 

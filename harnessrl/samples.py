@@ -1,8 +1,9 @@
-"""The compiled sample schema (the contract with the trainer, /work/notes/SAMPLES.md and README).
+"""The compiled sample schema: the contract between the compiler (writes samples.parquet), the
+trainer and the viewer (read it); the README's "Sample schema" table describes each column.
 
 One row of `samples.parquet` is one linear sample: a root-to-leaf path of a session prefix
-tree (METHODS §2). Token-class codes are METHODS §3's classes; 0 marks tokens without a class
-(everything with loss mask 0).
+tree (docs/methods.md §2). Token-class codes are the classes of docs/methods.md §3; 0 marks
+tokens without a class (everything with loss mask 0).
 """
 
 from __future__ import annotations
