@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 
-def register(app: typer.Typer) -> None:
-    """Add this part's commands to the main app."""
+def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = None) -> None:
+    """Add this part's commands to the main app. `ui(db, tokenizer)`: the trace viewer's ASGI app,
+    given by the app layer (the proxy imports no other part), served at /ui/ unless `--no-ui`."""
 
     @app.command("proxy")
     def proxy(
@@ -26,6 +30,8 @@ def register(app: typer.Typer) -> None:
         served_model_name: str = typer.Option(None, "--served-model-name", help="Model name to report and forward."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed of the local backend."),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+        no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (it is never "
+                                   "served with --api-key: the viewer has no authentication)."),
     ) -> None:
         """Run the recording proxy: an OpenAI-compatible endpoint that records every call."""
         from rich.console import Console
@@ -42,5 +48,9 @@ def register(app: typer.Typer) -> None:
                           log_level=log_level)
         cfg.check()
         target = upstream if backend == "upstream" else f"local model {model}"
-        Console(stderr=True).print(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
-        serve(cfg)
+        console = Console(stderr=True)
+        console.print(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
+        with_ui = ui is not None and not no_ui and not api_key
+        if with_ui:
+            console.print(f"trace viewer on http://{host}:{port}/ui/")
+        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer)}) if with_ui else None)

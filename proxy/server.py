@@ -6,9 +6,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -57,9 +58,13 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg: ProxyConfig) -> None:
-    """Run in the foreground until interrupted."""
+def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None) -> None:
+    """Run in the foreground until interrupted. `mounts()`: path → ASGI app served beside the API
+    (the app layer passes the trace viewer at /ui), on FastAPI's side of the hot-path split;
+    called once the app (and so the records DB) exists."""
     app = build_app(cfg)
+    for path, sub in (mounts() if mounts else {}).items():
+        app.api.mount(path, sub)
     sock = _bind(cfg.host, cfg.port)
     uvicorn.Server(_uvicorn_config(app, cfg)).run(sockets=[sock])
 

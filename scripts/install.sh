@@ -30,4 +30,11 @@ $PIP install -q -e ".[$EXTRAS]"
 if [[ ",$EXTRAS," == *",examples,"* ]]; then
   $PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
 fi
+# The trace viewer's browser tests drive Debian's Chromium (tests skip, saying why, without it).
+if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null \
+   && [ "$(id -u)" = 0 ]; then
+  echo "installing Chromium from the Debian packages (browser tests of the trace viewer)"
+  { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+    || echo "Chromium could not be installed: the browser tests will be skipped"
+fi
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" -V))"

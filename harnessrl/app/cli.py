@@ -93,7 +93,15 @@ def demo(
     run_demo(out, rounds, algo, sft_steps)
 
 
-for _part in (proxy_cli, compiler_cli, trainer_cli, viewer_cli):
+def _viewer(db: str, tokenizer: str | None):
+    """The trace viewer the proxy serves live at /ui/ (the proxy itself imports no other part)."""
+    from harnessrl.viewer.app import create_viewer
+
+    return create_viewer(db, tokenizer=tokenizer)
+
+
+proxy_cli.register(app, ui=_viewer)
+for _part in (compiler_cli, trainer_cli, viewer_cli):
     _part.register(app)
 
 
