@@ -7,6 +7,8 @@ import pytest
 
 from harnessrl.compiler import advantages as adv
 
+pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
+
 EPS = 1e-6
 RAW = adv.AdvantageConfig(singleton="raw")  # a group of one keeps its raw value (mean 0, std 1)
 R2 = 1 / math.sqrt(2)  # any two distinct values normalise to ±1/√2 with the sample std

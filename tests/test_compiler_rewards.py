@@ -9,6 +9,8 @@ from harnessrl.compiler.rewards import dispatch_ok, load_reward_fn, observed_res
 from harnessrl.errors import UserError
 from harnessrl.metrics import contains, exact_match, f1, normalize_answer
 
+pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
+
 
 def shouting_reward(prediction, reference):  # a user reward function, loaded as module:function
     return 2.0 if prediction.isupper() else 0.0

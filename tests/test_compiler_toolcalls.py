@@ -7,6 +7,8 @@ import pytest
 from harnessrl.compiler.response import parse_response
 from harnessrl.toolcalls import ToolCall, parse_arguments, parse_tool_call
 
+pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
+
 
 @pytest.mark.parametrize("body", [
     '{"name": "search", "arguments": {"q": "Paris", "n": 2}}',  # hermes / Qwen

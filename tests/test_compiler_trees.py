@@ -1,6 +1,7 @@
 """Session prefix trees (docs/methods.md §2) on hand-built token arrays."""
 
 import numpy as np
+import pytest
 
 from harnessrl.compiler.trees import (
     CallTokens,
@@ -10,6 +11,8 @@ from harnessrl.compiler.trees import (
     linear_paths,
     session_key,
 )
+
+pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
 
 
 def call(cid, seq, prompt, completion, key="agent:a", agent="a"):

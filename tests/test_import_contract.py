@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
+
 PARTS = ("proxy", "compiler", "trainer", "harness_examples", "viewer", "migrations")
 FORBIDDEN = {
     "core": {"proxy", "compiler", "trainer", "harness_examples", "viewer", "app"},

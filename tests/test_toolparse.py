@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
+
+pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"query": "paris", "n": 2}}\n</tool_call>'
 
