@@ -9,6 +9,7 @@ gets an OpenAI error. Everything else goes through FastAPI.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -31,6 +32,7 @@ from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, identify
 from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
 from harnessrl.proxy.prefix import Prompter
+from harnessrl.proxy.probes import add_probes
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
@@ -40,6 +42,8 @@ from harnessrl.proxy.serving import Adapter, Serving
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.validate import parse_json
 from harnessrl.records import UNASSIGNED_ROLLOUT
+
+log = logging.getLogger("harnessrl.proxy")
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -161,9 +165,11 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         return Response(error_body(str(exc.detail), kind, None, None), exc.status_code, media_type="application/json")
 
     @app.exception_handler(Exception)
-    async def _crash(_req, exc: Exception):
-        return Response(error_body(f"internal proxy error: {type(exc).__name__}: {exc}", "server_error"), 500,
-                        media_type="application/json")
+    async def _crash(req, exc: Exception):
+        # the text may hold SQL or paths: it goes to the log, never into a response
+        log.error("internal error on %s %s", req.method, req.url.path, exc_info=exc)
+        return Response(error_body(f"internal proxy error ({type(exc).__name__}); see the proxy's log",
+                                   "server_error"), 500, media_type="application/json")
 
     # ---- OpenAI endpoints (hot path) ----------------------------------------------------
     async def _rollout_ok(rollout_id: str) -> None:
@@ -210,6 +216,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
     for prefix in ("", "/r/{rollout}/a/{agent}"):
         app.add_route(prefix + "/v1/models", models, methods=["GET"])
+    add_probes(app, engine, state, backend)
 
     # ---- rollout API -------------------------------------------------------------------
     def auth(request: Request) -> None:
@@ -287,7 +294,9 @@ class ProxyApp:
                 try:
                     await self._hot(scope, receive, send, self._adapters[m["kind"]], params)
                 except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
-                    err = ProxyError(500, f"internal proxy error: {type(exc).__name__}: {exc}", "server_error")
+                    log.error("internal error on POST %s", scope["path"], exc_info=exc)
+                    err = ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy's log",
+                                     "server_error")
                     try:
                         await _error(err)(scope, receive, send)
                     except Exception:  # noqa: BLE001 - the response had already started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
 
         from harnessrl.errors import UserError
 
+        if api_key is None and os.environ.get("HARNESSRL_PROXY_API_KEY") == "":
+            api_key = ""  # an empty variable must not silently turn authentication off: check() refuses it
         if upstream and backend == "local":
             raise UserError("give either --upstream URL or --backend local --model PATH, not both")
         cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
@@ -49,6 +52,9 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         cfg.check()
         target = upstream if backend == "upstream" else f"local model {model}"
         console = Console(stderr=True)
+        if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
+            console.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach "
+                          "this port can make model calls and read or write rollouts")
         console.print(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
         with_ui = ui is not None and not no_ui and not api_key
         if with_ui:

@@ -40,9 +40,14 @@ class ProxyConfig:
                 raise UserError("give --upstream URL (an OpenAI-compatible server) or --backend local --model PATH")
             if not self.upstream.startswith("http://"):
                 raise UserError(f"--upstream must be an http:// URL, got {self.upstream!r}")
+            # OpenAI's convention is a base URL ending in /v1; the proxy adds /v1/... itself
+            self.upstream = self.upstream.rstrip("/").removesuffix("/v1")
             if self.prefix_mode and not self.tokenizer:
                 raise UserError("prefix-consistent mode with an upstream needs --tokenizer DIR (the model's tokenizer)")
         elif not self.model:
             raise UserError("--backend local needs --model PATH (a checkpoint directory)")
+        if self.api_key is not None and not self.api_key.strip():
+            raise UserError("the proxy API key is empty (--api-key or HARNESSRL_PROXY_API_KEY): set a key, or unset "
+                            "the variable to run without one")
         if self.max_body_bytes <= 0:
             raise UserError("--max-body-mb must be positive")

@@ -8,6 +8,7 @@ only let you set a URL and a key). With none, the call goes to the "unassigned" 
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass
 
 from harnessrl.records import UNASSIGNED_ROLLOUT
@@ -15,6 +16,9 @@ from harnessrl.proxy.errors import ProxyError, bad_request
 
 KEY_PREFIX = "hrl-"
 _LIMITS = {"rollout": 64, "agent": 128, "session": 128, "parent_call": 64}
+# What an id may hold: a value outside it (a NUL, a space, the `:SECRET` of a mistyped key) is
+# refused with a 400 before any work, rather than stored or rejected later by the database.
+_ID = re.compile(r"[A-Za-z0-9._@+=~-]+")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,11 @@ def identify(path_params: dict, headers, api_key: str | None) -> Identity:
     ident = Identity(rollout, agent, headers.get("x-harnessrl-session"), headers.get("x-harnessrl-parent-call"))
     for name, limit in _LIMITS.items():
         value = getattr(ident, name)
-        if value is not None and len(value) > limit:
+        if value is None:
+            continue
+        if len(value) > limit:
             raise bad_request(f"{name} id is longer than {limit} characters", code="identity_too_long")
+        if not _ID.fullmatch(value):
+            # the value is not echoed: it may be a secret sent in the wrong place
+            raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", code="invalid_identity")
     return ident

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+import harnessrl
 from harnessrl.algorithms import algo_help
 from harnessrl.app.harnesses import harness_help
 from harnessrl.compiler import cli as compiler_cli
@@ -24,6 +25,20 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"harnessrl {harnessrl.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """harnessrl: record any agent harness through an OpenAI-compatible proxy, compile RL samples, train."""
+
+
 db_app = typer.Typer(help="Records DB maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 

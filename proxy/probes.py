@@ -1,0 +1,58 @@
+"""`GET /health` (liveness: the process answers) and `GET /ready` (readiness: the records DB
+answers, the recorder's writer is alive, the local backend is loaded or the upstream answers),
+in the shapes load balancers and Kubernetes probes expect: 200 when ready, 503 with the failing
+checks when not. Neither needs the API key: probes carry none, and neither reveals records."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from sqlalchemy import Engine, text
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+log = logging.getLogger("harnessrl.proxy")
+UPSTREAM_PROBE_S = 2.0
+
+
+def _db_answers(engine: Engine) -> bool:
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready; the reason goes to the log
+        log.warning("readiness: records DB unreachable: %s", exc)
+        return False
+
+
+def add_probes(app: FastAPI, engine: Engine, state: dict[str, Any], local_backend: Any) -> None:
+    """`state` is the proxy's lifespan state: `recorder` and `pool` once it has started."""
+
+    @app.get("/health")
+    def health() -> Response:
+        return Response(b'{"status":"ok"}', 200, media_type="application/json")
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        checks: dict[str, str] = {"database": "ok" if await run_in_threadpool(_db_answers, engine) else "unreachable"}
+        recorder = state.get("recorder")
+        checks["writer"] = recorder.health()["writer"] if recorder is not None else "not started"
+        if local_backend is not None:
+            checks["backend"] = "ok"
+        elif state.get("pool") is not None:
+            checks["upstream"] = await _upstream(state["pool"])
+        ok = all(v == "ok" for v in checks.values())
+        body = {"status": "ready" if ok else "not_ready", "checks": checks}
+        return Response(orjson.dumps(body), 200 if ok else 503, media_type="application/json")
+
+
+async def _upstream(pool: Any) -> str:
+    try:
+        resp = await asyncio.wait_for(pool.request("GET", "/v1/models"), UPSTREAM_PROBE_S)
+    except Exception:  # noqa: BLE001 - unreachable, refused or too slow: not ready
+        return "unreachable"
+    return "ok" if resp.status < 500 else f"status {resp.status}"
