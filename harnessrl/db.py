@@ -44,7 +44,13 @@ def make_engine(target: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # a server that vanishes (failover, partition) must not hang a connect or the recorder's
+    # writer on a dead socket: bounded connects, TCP keepalives (~60 s to notice)
+    return create_engine(url, pool_pre_ping=True, connect_args=_PG_CONNECT)
+
+
+_PG_CONNECT = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+               "keepalives_count": 3}
 
 
 def _script_location() -> str:
