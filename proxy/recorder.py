@@ -71,7 +71,7 @@ class _Lost(Exception):
 
 
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
-_UNRECORDED = "could not record the call"
+_UNRECORDED = "the records database refused it (the proxy log has the reason for this call id)"
 _UNAVAILABLE = "the records database is unavailable; retry the call"
 
 
@@ -244,13 +244,25 @@ class Recorder:
             return
         try:
             present = self._present(conn, pending)
-            todo = [r for r in pending if r.id not in present]
-            errors = self._write(conn, todo)
+            if present:  # committed, but the commit's answer was lost: the harness got a 503
+                self._mark_failed(conn, [r for r in pending if r.id in present])
+            errors = self._write(conn, [r for r in pending if r.id not in present])
         except _Lost:
             self._backlog.extendleft(reversed(pending))
             raise
         log.warning("recorder: recorded %d calls answered 503 while the DB was away",
                     sum(e is None for e in errors))
+
+    def _mark_failed(self, conn, recs: list[CallRecord]) -> None:
+        try:
+            cur = conn.cursor()
+            m = self._mark
+            cur.executemany(f"UPDATE {_CALLS.name} SET status = {m}, error = {m} WHERE id = {m}",
+                            [(r.status, r.error, r.id) for r in recs])
+            cur.close()
+            conn.commit()
+        except Exception as exc:  # noqa: BLE001 - only a lost connection is expected here
+            raise _Lost from exc
 
     def _present(self, conn, recs: list[CallRecord]) -> set[str]:
         """Ids among `recs` already committed (a commit cut off in flight may have landed)."""
