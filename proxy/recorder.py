@@ -70,7 +70,7 @@ class _Lost(Exception):
     """The writer's connection is gone (or cannot be opened yet)."""
 
 
-_MIN_BACKOFF, _MAX_BACKOFF = 0.05, 2.0
+_MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0
 _UNRECORDED = "the records database refused it (the proxy log has the reason for this call id)"
 _UNAVAILABLE = "the records database is unavailable; retry the call"
 

@@ -91,9 +91,7 @@ def test_terminated_backends_mid_load_lose_nothing_and_hang_nothing(upstream, pg
                     got = c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                     "WHERE application_name = %s", (app_name,)).fetchall()
                 kills.append((time.monotonic(), len(got)))
-            n = len(out.calls)
-            while len(out.calls) < n + 100:  # load goes on after the last kill
-                await asyncio.sleep(0.01)
+            await asyncio.sleep(1.5)  # load goes on after the last kill
             stop.set()
 
         async def main() -> None:
@@ -214,7 +212,7 @@ def test_database_away_for_seconds_gives_fast_503_then_recovers(upstream, pg_url
     # once the writer knows the DB is away, calls fail fast (no 2 s retry window each)
     assert during and all(c[1] == 503 for c in during)
     assert max(c[4] for c in during) < 0.5
-    # back: calls succeed again within a few backoff steps (the backoff is capped at 2 s)
+    # back: calls succeed again within a few backoff steps (the backoff is capped at 1 s)
     first_ok = min(c[3] + c[4] for c in out.calls if c[1] == 200 and c[3] > phase["up"])
     assert first_ok - phase["up"] < 3.0
     last = [c for c in out.calls if c[3] > phase["up"] + 2.5]
