@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 import harnessrl
@@ -44,7 +44,14 @@ def make_engine(target: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # a server that vanishes (failover, partition) must not hang a connect or the recorder's
+    # writer on a dead socket: bounded connects, TCP keepalives (~60 s to notice)
+    libpq = make_url(url).get_driver_name() in ("psycopg", "psycopg2")
+    return create_engine(url, pool_pre_ping=True, connect_args=_PG_CONNECT if libpq else {})
+
+
+_PG_CONNECT = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+               "keepalives_count": 3}  # libpq parameters (psycopg, psycopg2)
 
 
 def _script_location() -> str:

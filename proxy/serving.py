@@ -20,7 +20,7 @@ from harnessrl.proxy.errors import ProxyError, as_proxy_error
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.prefix import PrefixIndex, Turn
 from harnessrl.proxy.protocol import Delta, Request, Result, Route
-from harnessrl.proxy.recorder import CallRecord, Recorder
+from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder
 from harnessrl.records import pack_ids, pack_logprobs
 
 
@@ -75,10 +75,12 @@ class Serving:
             data = wire.response(result)
             self._fill(rec, result, data, t0)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
-            err = as_proxy_error(exc)
-            await self._fail(rec, err, t0)
-            return Response(err.body(), err.status, headers, "application/json")
-        await self._commit(rec)
+            err = await self._fail(rec, as_proxy_error(exc), t0)
+            return _error_response(err, headers)
+        try:
+            await self._commit(rec)
+        except ProxyError as err:
+            return _error_response(err, headers)
         self._remember(rec, ident, req, result)
         return Response(orjson.dumps(data), 200, headers, "application/json")
 
@@ -101,9 +103,7 @@ class Serving:
                 result = item
                 self._fill(rec, result, wire.response(result), t0)
             except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
-                err = as_proxy_error(exc)
-                await self._fail(rec, err, t0)
-                yield wire.error(err)
+                yield wire.error(await self._fail(rec, as_proxy_error(exc), t0))
                 return
         finally:  # a harness that hung up stops the model too
             await events.aclose()
@@ -130,15 +130,24 @@ class Serving:
             rec.drift = r.drift
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
 
-    async def _fail(self, rec: CallRecord, err: ProxyError, t0: float) -> None:
+    async def _fail(self, rec: CallRecord, err: ProxyError, t0: float) -> ProxyError:
+        """Record the failure; the error to answer (the recorder's, if it could not be recorded)."""
         rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}"
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
-        await self._commit(rec)
+        try:
+            await self._commit(rec)
+        except ProxyError as commit_err:
+            return commit_err
+        return err
 
     async def _commit(self, rec: CallRecord) -> None:
+        # the harness must not take an unrecorded answer; RecordError text is safe to show
+        # (database error text is logged by the recorder with the call id)
         try:
             await self.recorder.commit(rec)
-        except Exception as exc:  # noqa: BLE001 - the harness must not take an unrecorded answer
+        except DatabaseUnavailable as exc:
+            raise ProxyError(503, str(exc), "server_error", code="database_unavailable") from None
+        except RecordError as exc:
             raise ProxyError(500, f"the call could not be recorded: {exc}", "server_error",
                              code="record_failed") from None
 
@@ -147,6 +156,12 @@ class Serving:
             return
         self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,
                                             r.completion_ids, self.route.eos_ids))
+
+
+def _error_response(err: ProxyError, headers: dict[str, str]) -> Response:
+    if err.status == 503:  # the records DB is away: the call may be retried shortly
+        headers = {**headers, "retry-after": "1"}
+    return Response(err.body(), err.status, headers, "application/json")
 
 
 def _key(ident: Identity) -> tuple:
