@@ -20,6 +20,7 @@ import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, field_validator
+from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -51,7 +52,13 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 def _error(err: ProxyError) -> Response:
-    return Response(err.body(), err.status, media_type="application/json")
+    headers = {"retry-after": "1"} if err.status == 503 else None  # the records DB is away: retry shortly
+    return Response(err.body(), err.status, headers, media_type="application/json")
+
+
+def _db_unavailable() -> ProxyError:
+    return ProxyError(503, "the records database is unavailable; retry shortly", "server_error",
+                      code="database_unavailable")
 
 
 class CreateRollout(BaseModel):
@@ -164,6 +171,12 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
         return Response(error_body(str(exc.detail), kind, None, None), exc.status_code, media_type="application/json")
 
+    @app.exception_handler(DBAPIError)
+    async def _db_down(req, exc: DBAPIError):
+        # a lost or refused connection on the rollout API: retryable, and the text stays in the log
+        log.warning("records DB error on %s %s: %s", req.method, req.url.path, exc)
+        return _error(_db_unavailable())
+
     @app.exception_handler(Exception)
     async def _crash(req, exc: Exception):
         # the text may hold SQL or paths: it goes to the log, never into a response
@@ -175,7 +188,11 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     async def _rollout_ok(rollout_id: str) -> None:
         status = known.get(rollout_id)
         if status is None:
-            status = await run_in_threadpool(store.status, rollout_id)
+            try:
+                status = await run_in_threadpool(store.status, rollout_id)
+            except DBAPIError as exc:
+                log.warning("records DB error reading rollout %s: %s", rollout_id, exc)
+                raise _db_unavailable() from None
             if status is None:
                 raise ProxyError(404, f"rollout {rollout_id!r} does not exist (create it with POST /harnessrl/rollouts)",
                                  code="rollout_not_found")

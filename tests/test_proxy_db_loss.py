@@ -278,3 +278,32 @@ def test_recorder_health_follows_the_connection(pg_url):
         fwd.down()
     # every call is there: the ones answered DatabaseUnavailable as failed calls
     assert _stored(pg_url) == {"c1": "ok", **{f"c{k}": "error" for k in range(2, i)}, f"c{i}": "ok"}
+
+
+def test_readiness_and_the_rollout_api_while_the_database_is_away(upstream, pg_url):
+    """With the DB away: /health still 200, /ready 503 naming the failing checks, the rollout API
+    and a call to a rollout the proxy has not seen a fast 503 `database_unavailable` with
+    Retry-After and no database text; all back to normal once the DB returns."""
+    u = urlsplit(pg_url)
+    fwd = Forwarder((u.hostname, u.port))
+    db = urlunsplit(u._replace(netloc=f"{u.username}@127.0.0.1:{fwd.port}"))
+    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0)) as proxy:
+        assert httpx.get(proxy.url + "/ready").json()["status"] == "ready"
+        fwd.down()
+        try:
+            assert httpx.get(proxy.url + "/health").status_code == 200
+            ready = httpx.get(proxy.url + "/ready", timeout=CALL_BOUND_S)
+            assert ready.status_code == 503 and ready.json()["checks"]["database"] == "unreachable"
+            for r in (httpx.post(proxy.url + "/harnessrl/rollouts", json={}, timeout=CALL_BOUND_S),
+                      httpx.post(proxy.url + "/r/never-seen/a/x/v1/chat/completions", timeout=CALL_BOUND_S,
+                                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})):
+                assert r.status_code == 503 and r.headers["retry-after"] == "1"
+                assert r.json()["error"]["code"] == "database_unavailable"
+                assert "psycopg" not in r.text.lower() and "sql" not in r.text.lower()
+        finally:
+            fwd.up()
+        deadline = time.monotonic() + CALL_BOUND_S
+        while httpx.get(proxy.url + "/ready", timeout=CALL_BOUND_S).status_code != 200:
+            assert time.monotonic() < deadline, "not ready again after the DB came back"
+            time.sleep(0.2)
+        assert httpx.post(proxy.url + "/harnessrl/rollouts", json={}).status_code == 200
