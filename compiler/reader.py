@@ -139,22 +139,21 @@ class Reader:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            path = self.tokenizer_dir()
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(path)
-            except Exception as exc:  # noqa: BLE001 - a user path that holds no tokenizer
-                raise UserError(f"cannot load a tokenizer from {path}: {exc}") from None
+            self._tokenizer = self._load(AutoTokenizer.from_pretrained)
         return self._tokenizer
 
     @property
     def token_text(self) -> TokenText:
         if self._tt is None:
-            path = self.tokenizer_dir()
-            try:
-                self._tt = TokenText.from_dir(path)
-            except Exception as exc:  # noqa: BLE001 - a user path that holds no tokenizer
-                raise UserError(f"cannot load a tokenizer from {path}: {exc}") from None
+            self._tt = self._load(TokenText.from_dir)
         return self._tt
+
+    def _load(self, loader: Any) -> Any:
+        path = self.tokenizer_dir()
+        try:
+            return loader(path)
+        except Exception as exc:  # noqa: BLE001 - a user path that holds no tokenizer
+            raise UserError(f"cannot load a tokenizer from {path}: {exc}") from None
 
     def _recorded_model_dir(self) -> str | None:
         with self.engine.connect() as conn:

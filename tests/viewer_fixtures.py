@@ -7,14 +7,11 @@ served by uvicorn on a real socket."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import openai
-import uvicorn
+from asgi_thread import serve_in_thread
 
 from harnessrl.client import HarnessRL
 from harnessrl.db import open_db
@@ -111,18 +108,6 @@ def compile_samples(db: str, out: Path) -> Path:
     return out
 
 
-@contextmanager
 def serve(app):
-    """An ASGI app on a real socket (a free port) for the duration of the block; yields its URL."""
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    """The app on a real socket (a free port) for the duration of the block; yields its URL."""
+    return serve_in_thread(app, lifespan="off")

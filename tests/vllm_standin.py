@@ -24,11 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import socket
-import threading
 import time
 import zlib
-from contextlib import contextmanager
 
 import orjson
 from fastapi import FastAPI
@@ -294,28 +291,11 @@ def create_app(tokenizer_dir: str) -> FastAPI:
     return app
 
 
-@contextmanager
 def run_standin(tokenizer_dir: str):
-    """The stand-in on a free port in a background thread; yields its base URL."""
-    import uvicorn
+    """The stand-in on a free port in a background thread; a context manager yielding its base URL."""
+    from asgi_thread import serve_in_thread
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(tokenizer_dir), loop="uvloop", http="httptools",
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the vLLM stand-in did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    return serve_in_thread(create_app(tokenizer_dir), loop="uvloop", http="httptools")
 
 
 def main() -> None:
