@@ -11,12 +11,10 @@ import sys
 import time
 
 import httpx
-import pytest
 from sqlalchemy import select
 
 from harnessrl.db import open_db
 from harnessrl.records import Call
-
 
 
 def _free_port() -> int:

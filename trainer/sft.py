@@ -14,7 +14,6 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harnessrl.errors import UserError
 from harnessrl.tasks_file import parse_line
