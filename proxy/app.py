@@ -28,7 +28,7 @@ from starlette.responses import Response
 from harnessrl.db import open_db
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
-from harnessrl.proxy.errors import ProxyError, error_body
+from harnessrl.proxy.errors import ProxyError, database_unavailable, error_body, error_response
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, identify
 from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
@@ -49,16 +49,6 @@ log = logging.getLogger("harnessrl.proxy")
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status, media_type="application/json")
-
-
-def _error(err: ProxyError) -> Response:
-    headers = {"retry-after": "1"} if err.status == 503 else None  # the records DB is away: retry shortly
-    return Response(err.body(), err.status, headers, media_type="application/json")
-
-
-def _db_unavailable() -> ProxyError:
-    return ProxyError(503, "the records database is unavailable; retry shortly", "server_error",
-                      code="database_unavailable")
 
 
 class CreateRollout(BaseModel):
@@ -155,7 +145,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     # ---- errors: always OpenAI-shaped --------------------------------------------------
     @app.exception_handler(ProxyError)
     async def _proxy_error(_req, exc: ProxyError):
-        return _error(exc)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
@@ -175,7 +165,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     async def _db_down(req, exc: DBAPIError):
         # a lost or refused connection on the rollout API: retryable, and the text stays in the log
         log.warning("records DB error on %s %s: %s", req.method, req.url.path, exc)
-        return _error(_db_unavailable())
+        return error_response(database_unavailable())
 
     @app.exception_handler(Exception)
     async def _crash(req, exc: Exception):
@@ -192,7 +182,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
                 status = await run_in_threadpool(store.status, rollout_id)
             except DBAPIError as exc:
                 log.warning("records DB error reading rollout %s: %s", rollout_id, exc)
-                raise _db_unavailable() from None
+                raise database_unavailable() from None
             if status is None:
                 raise ProxyError(404, f"rollout {rollout_id!r} does not exist (create it with POST /harnessrl/rollouts)",
                                  code="rollout_not_found")
@@ -212,20 +202,20 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
             wire = adapter.wire(call, call_id, serving.route.model_name)
             response = await serving.handle(call, ident, call_id, wire)
         except ProxyError as err:
-            response = _error(err)
+            response = error_response(err)
         await response(scope, receive, send)
 
     async def models(request: Request) -> Response:
         try:
             check_auth(request.headers, cfg.api_key)
         except ProxyError as err:
-            return _error(err)
+            return error_response(err)
         pool: Pool | None = state["pool"]
         if backend is None and pool is not None and not cfg.served_model_name:
             try:
                 resp = await pool.request("GET", "/v1/models")
             except (UpstreamConnectionError, TimeoutError) as exc:
-                return _error(ProxyError(502, str(exc), "upstream_error", code="upstream_unreachable"))
+                return error_response(ProxyError(502, str(exc), "upstream_error", code="upstream_unreachable"))
             return Response(resp.body, resp.status, media_type="application/json")
         name = backend.model_name if backend is not None else cfg.served_model_name
         return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
@@ -315,7 +305,7 @@ class ProxyApp:
                     err = ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy's log",
                                      "server_error")
                     try:
-                        await _error(err)(scope, receive, send)
+                        await error_response(err)(scope, receive, send)
                     except Exception:  # noqa: BLE001 - the response had already started
                         pass
                 return

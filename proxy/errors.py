@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+from starlette.responses import Response
 
 from harnessrl.proxy.httpclient import UpstreamConnectionError
 
@@ -45,6 +46,17 @@ class UpstreamMalformed(ProxyError):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+def database_unavailable(message: str = "the records database is unavailable; retry shortly") -> ProxyError:
+    return ProxyError(503, message, "server_error", code="database_unavailable")
+
+
+def error_response(err: ProxyError, headers: dict[str, str] | None = None) -> Response:
+    """The HTTP answer for `err`; a 503 (the records DB is away) says when to retry."""
+    if err.status == 503:
+        headers = {**(headers or {}), "retry-after": "1"}
+    return Response(err.body(), err.status, headers, "application/json")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ProxyError:

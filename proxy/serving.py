@@ -16,7 +16,7 @@ from typing import Protocol
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from harnessrl.proxy.errors import ProxyError, as_proxy_error
+from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.prefix import PrefixIndex, Turn
 from harnessrl.proxy.protocol import Delta, Request, Result, Route
@@ -76,11 +76,11 @@ class Serving:
             self._fill(rec, result, data, t0)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
             err = await self._fail(rec, as_proxy_error(exc), t0)
-            return _error_response(err, headers)
+            return error_response(err, headers)
         try:
             await self._commit(rec)
         except ProxyError as err:
-            return _error_response(err, headers)
+            return error_response(err, headers)
         self._remember(rec, ident, req, result)
         return Response(orjson.dumps(data), 200, headers, "application/json")
 
@@ -146,7 +146,7 @@ class Serving:
         try:
             await self.recorder.commit(rec)
         except DatabaseUnavailable as exc:
-            raise ProxyError(503, str(exc), "server_error", code="database_unavailable") from None
+            raise database_unavailable(str(exc)) from None
         except RecordError as exc:
             raise ProxyError(500, f"the call could not be recorded: {exc}", "server_error",
                              code="record_failed") from None
@@ -156,12 +156,6 @@ class Serving:
             return
         self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,
                                             r.completion_ids, self.route.eos_ids))
-
-
-def _error_response(err: ProxyError, headers: dict[str, str]) -> Response:
-    if err.status == 503:  # the records DB is away: the call may be retried shortly
-        headers = {**headers, "retry-after": "1"}
-    return Response(err.body(), err.status, headers, "application/json")
 
 
 def _key(ident: Identity) -> tuple:
