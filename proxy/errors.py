@@ -5,11 +5,14 @@ request; 5xx: the proxy, its setup or the upstream)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 from starlette.responses import Response
 
 from harnessrl.proxy.httpclient import UpstreamConnectionError
+
+log = logging.getLogger("harnessrl.proxy")
 
 
 class ProxyError(Exception):
@@ -63,12 +66,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ProxyError(400, message, "invalid_request_error", param, code)
 
 
-def as_proxy_error(exc: BaseException) -> ProxyError:
-    """The error the harness gets for whatever a route raised."""
+def as_proxy_error(exc: BaseException, call_id: str | None = None) -> ProxyError:
+    """The error the harness gets for whatever a route raised. An unexpected exception's text
+    may hold paths, SQL or parameters: it goes to the log with the call id, never into the answer."""
     if isinstance(exc, ProxyError):
         return exc
     if isinstance(exc, asyncio.TimeoutError):
         return ProxyError(504, "the upstream did not answer in time", "upstream_timeout", code="timeout")
     if isinstance(exc, UpstreamConnectionError):
         return ProxyError(502, str(exc), "upstream_error", code="upstream_unreachable")
-    return ProxyError(500, f"model backend failed: {type(exc).__name__}: {exc}", "server_error", code="backend_error")
+    log.error("call %s: model backend failed", call_id, exc_info=exc)
+    return ProxyError(500, f"model backend failed ({type(exc).__name__}); the proxy log has the details for this call "
+                           "id", "server_error", code="backend_error")

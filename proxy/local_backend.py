@@ -22,6 +22,9 @@ from harnessrl.errors import UserError
 from harnessrl.proxy.errors import BackendRejected
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
 
+# below this temperature sampling is greedy: dividing logits by a subnormal one overflows to inf (as vLLM)
+GREEDY_BELOW = 1e-5
+
 VERSION_FILE = "harnessrl_version.txt"
 
 
@@ -121,7 +124,7 @@ class LocalBackend:
     def _sample(logits, params: SamplingParams, generator) -> tuple[int, float]:
         import torch
 
-        if params.temperature == 0:
+        if params.temperature < GREEDY_BELOW:
             token = int(torch.argmax(logits))
             return token, float(torch.log_softmax(logits, -1)[token])
         logits = logits / params.temperature

@@ -75,7 +75,7 @@ class Serving:
             data = wire.response(result)
             self._fill(rec, result, data, t0)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
-            err = await self._fail(rec, as_proxy_error(exc), t0)
+            err = await self._fail(rec, as_proxy_error(exc, rec.id), t0)
             return error_response(err, headers)
         try:
             await self._commit(rec)
@@ -103,7 +103,7 @@ class Serving:
                 result = item
                 self._fill(rec, result, wire.response(result), t0)
             except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
-                yield wire.error(await self._fail(rec, as_proxy_error(exc), t0))
+                yield wire.error(await self._fail(rec, as_proxy_error(exc, rec.id), t0))
                 return
         finally:  # a harness that hung up stops the model too
             await events.aclose()

@@ -142,3 +142,13 @@ def test_a_session_with_an_earlier_turn_gets_400s_not_500s(upstream, tokenizer_d
             r = http.post("/v1/chat/completions", json=_body(messages=[USER, reply, USER], **fields), headers=headers)
             assert (r.status_code, r.json()["error"]["param"]) == (400, param), r.text
     assert _count(db) == 2  # refused requests reach neither the model nor the records
+
+
+@pytest.mark.unit
+def test_an_unexpected_backend_error_is_logged_not_answered(caplog):
+    from harnessrl.proxy.errors import as_proxy_error
+
+    with caplog.at_level("ERROR", logger="harnessrl.proxy"):
+        err = as_proxy_error(RuntimeError("INSERT INTO calls VALUES ('secret-param')"), "call123")
+    assert err.status == 500 and "secret-param" not in err.message and "INSERT" not in err.message
+    assert "call123" in caplog.text and "secret-param" in caplog.text  # the operator still has it
