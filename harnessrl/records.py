@@ -10,10 +10,45 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import re
+
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 UNASSIGNED_ROLLOUT = "unassigned"
+
+# PostgreSQL text cannot hold U+0000, which a model may well generate. Text columns that hold
+# model output store it escaped, on every database alike: U+0000 as U+FFFF "0" and U+FFFF
+# itself as U+FFFF U+FFFF (a noncharacter, reserved for uses like this one, so text without
+# U+0000 is stored as is). JSON columns need nothing: their U+0000 is the escape "\u0000".
+_ESC = "\uffff"
+_ESCAPED = re.compile(_ESC + "(.)", re.S)
+
+
+def escape_nul(text: str | None) -> str | None:
+    if text is None or ("\0" not in text and _ESC not in text):
+        return text
+    return text.replace(_ESC, _ESC + _ESC).replace("\0", _ESC + "0")
+
+
+def unescape_nul(text: str | None) -> str | None:
+    if text is None or _ESC not in text:
+        return text
+    return _ESCAPED.sub(lambda m: "\0" if m[1] == "0" else m[1], text)
+
+
+class NulSafeText(TypeDecorator):
+    """Text that may hold U+0000 (escaped on the way in, restored on the way out)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return escape_nul(value)
+
+    def process_result_value(self, value, dialect):
+        return unescape_nul(value)
 
 
 class Base(DeclarativeBase):
@@ -68,7 +103,7 @@ class Call(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     # response: the OpenAI response body the harness got (for streams: the reassembled one)
     response: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    response_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    response_text: Mapped[str | None] = mapped_column(NulSafeText, nullable=True)
     tool_calls: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     prompt_ids: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
@@ -84,7 +119,7 @@ class Call(Base):
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(NulSafeText, nullable=True)  # may quote model or upstream text
     created_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (

@@ -28,9 +28,10 @@ from starlette.responses import Response
 from harnessrl.db import open_db
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
-from harnessrl.proxy.errors import ProxyError, database_unavailable, error_body, error_response
+from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable, error_body, error_response
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
-from harnessrl.proxy.identity import check_auth, identify
+from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify
+from harnessrl.proxy.limits import Guard, check_metadata, read_body
 from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
 from harnessrl.proxy.prefix import Prompter
 from harnessrl.proxy.probes import add_probes
@@ -82,25 +83,6 @@ _HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x
                 b"x-harnessrl-session", b"x-harnessrl-parent-call"}
 
 
-async def _read_body(headers: dict[str, str], receive, limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes without reading the rest."""
-    size = headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
-        raise ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
-    chunks, total = [], 0
-    while True:
-        msg = await receive()
-        if msg["type"] != "http.request":
-            raise ProxyError(400, "the client disconnected", code="client_disconnected")
-        chunk = msg.get("body", b"")
-        total += len(chunk)
-        if total > limit:
-            raise ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-        if not msg.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
     """The local backend's token route, an upstream's token route (prefix mode), or pass-through."""
     if backend is not None:
@@ -130,7 +112,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         recorder = Recorder(engine)
-        pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout) if cfg.upstream else None
+        pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout, api_key=cfg.upstream_api_key) if cfg.upstream else None
         state.update(serving=Serving(_route(cfg, backend, pool), recorder), recorder=recorder, pool=pool)
         try:
             yield
@@ -195,7 +177,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         try:
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
-            call = adapter.request(parse_json(await _read_body(headers, receive, cfg.max_body_bytes)))
+            call = adapter.request(parse_json(await read_body(headers, receive, cfg.max_body_bytes)))
             await _rollout_ok(ident.rollout)
             serving: Serving = state["serving"]
             call_id = os.urandom(16).hex()
@@ -231,8 +213,16 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
     api = Depends(auth)
 
+    def _reward_ok(body: RewardIn, **ident: str) -> None:
+        for kind, value in ident.items():
+            check_id(kind, value)
+        check_labels(name=body.name)
+        check_metadata(body.metadata, cfg.max_metadata_bytes)
+
     @app.post("/harnessrl/rollouts", dependencies=[api])
     def create_rollout(body: CreateRollout, request: Request):
+        check_labels(task_id=body.task_id, group_id=body.group_id, run=body.run)
+        check_metadata(body.metadata, cfg.max_metadata_bytes)
         r = store.create(body.task_id, body.group_id, body.run, body.metadata)
         known[r.id] = r.status
         base = str(request.base_url).rstrip("/")
@@ -240,16 +230,19 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
     @app.post("/harnessrl/rollouts/{rollout_id}/reward", dependencies=[api])
     def outcome_reward(rollout_id: str, body: RewardIn):
+        _reward_ok(body, rollout=rollout_id)
         rid = store.outcome(rollout_id, body.value, body.name or "outcome", body.metadata)
         return _json({"id": rid, "rollout_id": rollout_id, "kind": "outcome", "value": body.value})
 
     @app.post("/harnessrl/calls/{call_id}/reward", dependencies=[api])
     def process_reward(call_id: str, body: RewardIn):
+        _reward_ok(body, call=call_id)
         rid = store.process(call_id, body.value, body.name or "process", body.metadata)
         return _json({"id": rid, "call_id": call_id, "kind": "process", "value": body.value})
 
     @app.post("/harnessrl/rollouts/{rollout_id}/finish", dependencies=[api])
     async def finish_rollout(rollout_id: str):
+        check_id("rollout", rollout_id)
         r = await run_in_threadpool(store.finish, rollout_id)
         known[r.id] = r.status
         state["serving"].index.forget(r.id)  # here, on the event loop thread that owns the index
@@ -257,14 +250,19 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
     @app.get("/harnessrl/rollouts", dependencies=[api])
     def list_rollouts(task_id: str | None = None, group_id: str | None = None, run: str | None = None):
+        check_labels(task_id=task_id, group_id=group_id, run=run)
         return _json({"object": "list", "data": store.list(task_id, group_id, run)})
 
     @app.get("/harnessrl/rollouts/{rollout_id}", dependencies=[api])
     def get_rollout(rollout_id: str):
+        check_id("rollout", rollout_id)
         return _json(store.get(rollout_id))
 
     @app.post("/harnessrl/weights", dependencies=[api])
     def push_weights(body: WeightsIn):
+        check_labels(version=body.version)
+        if "\0" in body.path:
+            raise bad_request("'path' may not hold U+0000", param="path", code="invalid_value")
         if backend is not None:
             try:
                 version = backend.reload(body.path, body.version)
@@ -279,15 +277,16 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         store.weight_version(version, body.path)
         return _json({"version": version})
 
-    return ProxyApp(app, hot, adapters)
+    return ProxyApp(app, hot, adapters, Guard(app, cfg.api_key, cfg.max_body_bytes))
 
 
 class ProxyApp:
     """The ASGI app: POSTs to an adapter's path go straight to the hot-path handler (skipping
     FastAPI's middleware and routing layers); everything else, lifespan included, to FastAPI."""
 
-    def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...]) -> None:
+    def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...], guard: Guard) -> None:
         self.api = api
+        self._guard = guard  # `api` behind the key and body-size checks
         self._hot = hot
         self._adapters = {a.path: a for a in adapters}
         self._hot_path = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>"
@@ -309,4 +308,4 @@ class ProxyApp:
                     except Exception:  # noqa: BLE001 - the response had already started
                         pass
                 return
-        await self.api(scope, receive, send)
+        await self._guard(scope, receive, send)

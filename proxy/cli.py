@@ -26,7 +26,11 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one)."),
         api_key: str = typer.Option(None, "--api-key", envvar="HARNESSRL_PROXY_API_KEY",
                                     help="Require this key from clients (Authorization: Bearer KEY)."),
-        max_body_mb: float = typer.Option(32.0, "--max-body-mb", help="Largest request body accepted, in MiB."),
+        upstream_api_key: str = typer.Option(None, "--upstream-api-key", envvar="HARNESSRL_UPSTREAM_API_KEY",
+                                             help="Send this key to the upstream (a vLLM started with --api-key)."),
+        max_body_mb: float = typer.Option(32.0, "--max-body-mb", help="Largest request body accepted (any route), in MiB."),
+        max_metadata_kb: float = typer.Option(64.0, "--max-metadata-kb",
+                                              help="Largest rollout or reward metadata accepted (as JSON), in KiB."),
         timeout: float = typer.Option(600.0, "--timeout", help="Upstream timeout in seconds."),
         served_model_name: str = typer.Option(None, "--served-model-name", help="Model name to report and forward."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed of the local backend."),
@@ -43,10 +47,14 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
 
         if api_key is None and os.environ.get("HARNESSRL_PROXY_API_KEY") == "":
             api_key = ""  # an empty variable must not silently turn authentication off: check() refuses it
+        if upstream_api_key is None and os.environ.get("HARNESSRL_UPSTREAM_API_KEY") == "":
+            upstream_api_key = ""  # likewise refused: a typo in a deployment must not go unnoticed
         if upstream and backend == "local":
             raise UserError("give either --upstream URL or --backend local --model PATH, not both")
         cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
-                          host=host, port=port, api_key=api_key, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                          host=host, port=port, api_key=api_key, upstream_api_key=upstream_api_key,
+                          max_body_bytes=int(max_body_mb * 1024 * 1024),
+                          max_metadata_bytes=int(max_metadata_kb * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
                           log_level=log_level)
         cfg.check()

@@ -19,7 +19,9 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: a free port
     api_key: str | None = None  # required from clients when set
-    max_body_bytes: int = 32 * 1024 * 1024
+    upstream_api_key: str | None = None  # sent to the upstream (a vLLM started with --api-key); never recorded
+    max_body_bytes: int = 32 * 1024 * 1024  # every route
+    max_metadata_bytes: int = 64 * 1024  # rollout and reward metadata, as JSON
     upstream_timeout: float = 600.0  # seconds
     default_max_tokens: int = 256
     served_model_name: str | None = None
@@ -49,5 +51,16 @@ class ProxyConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise UserError("the proxy API key is empty (--api-key or HARNESSRL_PROXY_API_KEY): set a key, or unset "
                             "the variable to run without one")
+        if self.upstream_api_key is not None:
+            if self.backend != "upstream":
+                raise UserError("--upstream-api-key is for --upstream servers, not --backend local")
+            if not self.upstream_api_key.strip():
+                raise UserError("the upstream API key is empty (--upstream-api-key or HARNESSRL_UPSTREAM_API_KEY): "
+                                "set a key, or unset the variable to call the upstream without one")
+            if not all("!" <= c <= "~" for c in self.upstream_api_key):
+                # it goes into an HTTP header: no spaces, line breaks or non-ASCII
+                raise UserError("the upstream API key may only hold printable ASCII characters, no spaces")
         if self.max_body_bytes <= 0:
             raise UserError("--max-body-mb must be positive")
+        if self.max_metadata_bytes <= 0:
+            raise UserError("--max-metadata-kb must be positive")

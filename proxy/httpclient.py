@@ -131,9 +131,10 @@ class _Conn(asyncio.Protocol):
 
 
 class Pool:
-    """Keep-alive connections to one `http://host:port` base URL."""
+    """Keep-alive connections to one `http://host:port` base URL. `api_key`: sent as a bearer
+    token on every request (the harness's own Authorization header is never forwarded)."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0, max_idle: int = 512) -> None:
+    def __init__(self, base_url: str, timeout: float = 600.0, max_idle: int = 512, api_key: str | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"upstream URL must be http://host[:port][/prefix], got {base_url!r}")
@@ -142,6 +143,7 @@ class Pool:
         self.prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self._host_header = f"{self.host}:{self.port}".encode()
+        self._auth_header = f"Authorization: Bearer {api_key}".encode() if api_key else None
         self._idle: deque[_Conn] = deque()
         self._max_idle = max_idle
         self.loop = asyncio.get_running_loop()
@@ -168,6 +170,8 @@ class Pool:
 
     def _request_bytes(self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None) -> bytes:
         head = [f"{method} {self.prefix}{path} HTTP/1.1".encode(), b"Host: " + self._host_header]
+        if self._auth_header is not None:
+            head.append(self._auth_header)
         if body is not None:
             head.append(b"Content-Type: application/json")
             head.append(b"Content-Length: " + str(len(body)).encode())

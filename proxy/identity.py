@@ -15,10 +15,16 @@ from harnessrl.records import UNASSIGNED_ROLLOUT
 from harnessrl.proxy.errors import ProxyError, bad_request
 
 KEY_PREFIX = "hrl-"
-_LIMITS = {"rollout": 64, "agent": 128, "session": 128, "parent_call": 64}
+# the column sizes (harnessrl.records)
+_LIMITS = {"rollout": 64, "agent": 128, "session": 128, "parent_call": 64, "call": 64}
+_LABEL_LIMITS = {"task_id": 128, "group_id": 128, "run": 128, "name": 64, "version": 128}
 # What an id may hold: a value outside it (a NUL, a space, the `:SECRET` of a mistyped key) is
 # refused with a 400 before any work, rather than stored or rejected later by the database.
 _ID = re.compile(r"[A-Za-z0-9._@+=~-]+")
+# Labels (task, group, run, reward name, weight version) are the harness's own free text (the
+# training loop's group ids hold a "/"): anything but control characters, which no database
+# takes alike (PostgreSQL refuses U+0000 in text), nor unpaired surrogates (not UTF-8).
+_LABEL = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]*")
 
 
 @dataclass(frozen=True)
@@ -69,13 +75,32 @@ def identify(path_params: dict, headers, api_key: str | None) -> Identity:
     rollout = path_params.get("rollout") or headers.get("x-harnessrl-rollout") or key_rollout or UNASSIGNED_ROLLOUT
     agent = path_params.get("agent") or headers.get("x-harnessrl-agent") or key_agent
     ident = Identity(rollout, agent, headers.get("x-harnessrl-session"), headers.get("x-harnessrl-parent-call"))
-    for name, limit in _LIMITS.items():
-        value = getattr(ident, name)
+    for name in ("rollout", "agent", "session", "parent_call"):
+        check_id(name, getattr(ident, name))
+    return ident
+
+
+def check_id(name: str, value: str | None) -> None:
+    """A rollout, agent, session or call id (from a path, a header, a key or a body)."""
+    if value is None:
+        return
+    limit = _LIMITS[name]
+    if len(value) > limit:
+        raise bad_request(f"{name} id is longer than {limit} characters", code="identity_too_long")
+    if not _ID.fullmatch(value):
+        # the value is not echoed: it may be a secret sent in the wrong place
+        raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", code="invalid_identity")
+
+
+def check_labels(**labels: str | None) -> None:
+    """Free-text labels of the rollout API (`task_id`, `group_id`, `run`, reward `name`, weight
+    `version`): no control characters, no longer than their column."""
+    for name, value in labels.items():
         if value is None:
             continue
+        limit = _LABEL_LIMITS[name]
         if len(value) > limit:
-            raise bad_request(f"{name} id is longer than {limit} characters", code="identity_too_long")
-        if not _ID.fullmatch(value):
-            # the value is not echoed: it may be a secret sent in the wrong place
-            raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", code="invalid_identity")
-    return ident
+            raise bad_request(f"'{name}' is longer than {limit} characters", param=name, code="value_too_long")
+        if not _LABEL.fullmatch(value):
+            raise bad_request(f"'{name}' may not hold control characters (such as U+0000)", param=name,
+                              code="invalid_value")

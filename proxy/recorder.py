@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, Engine
 
-from harnessrl.records import UNASSIGNED_ROLLOUT, Call
+from harnessrl.records import UNASSIGNED_ROLLOUT, Call, NulSafeText, escape_nul
 
 
 _CALLS = Call.__table__
@@ -54,6 +54,8 @@ def _record_class() -> type:
 CallRecord = _record_class()
 _COLUMNS = [f.name for f in fields(CallRecord)]
 _JSON_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(_CALLS.c[name].type, JSON)]
+# written raw, so escaped here as the ORM type would (model text may hold U+0000)
+_NUL_SAFE_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(_CALLS.c[name].type, NulSafeText)]
 _values = operator.attrgetter(*_COLUMNS)
 
 
@@ -258,7 +260,7 @@ class Recorder:
             cur = conn.cursor()
             m = self._mark
             cur.executemany(f"UPDATE {_CALLS.name} SET status = {m}, error = {m} WHERE id = {m}",
-                            [(r.status, r.error, r.id) for r in recs])
+                            [(r.status, escape_nul(r.error), r.id) for r in recs])
             cur.close()
             conn.commit()
         except Exception as exc:  # noqa: BLE001 - only a lost connection is expected here
@@ -336,6 +338,8 @@ class Recorder:
                 row = list(_values(recs[i]))
                 for j in _JSON_AT:
                     row[j] = _json(row[j])
+                for j in _NUL_SAFE_AT:
+                    row[j] = escape_nul(row[j])
                 row.append(seq)
                 rows.append(row)
                 seq += 1

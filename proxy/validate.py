@@ -14,6 +14,9 @@ from harnessrl.proxy.errors import bad_request
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 _TOOL_CHOICES = {"none", "auto", "required"}
 MODEL_MAX = 256  # the calls.model column
+# orjson reads 1,024 levels of nesting but writes only 254: a body nested deeper could be read,
+# then not forwarded or recorded (a 500); it is refused here
+MAX_DEPTH = 254
 
 
 def parse_json(body: bytes) -> dict:
@@ -23,6 +26,12 @@ def parse_json(body: bytes) -> dict:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(req, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH:  # only then can it be nested that deep
+        try:
+            orjson.dumps(req)
+        except orjson.JSONEncodeError:
+            raise bad_request(f"request body is nested more than {MAX_DEPTH} levels deep",
+                              code="invalid_json") from None
     return req
 
 

@@ -4,6 +4,8 @@ usage of the wrong type from the upstream (each of these once escaped with no re
 
 from __future__ import annotations
 
+import shutil
+
 import openai
 import pytest
 from sqlalchemy import select
@@ -12,10 +14,11 @@ from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call
 
-# an assistant tool call without "function": the tiny chat template fails on it (jinja Undefined)
-UNRENDERABLE = [{"role": "user", "content": "x"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "y"}]
+# well-formed messages a strict chat template refuses (as Llama's and Mistral's do with
+# raise_exception when roles do not alternate)
+UNRENDERABLE = [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]
+_STRICT = ("{%- for m in messages[1:] -%}{%- if m['role'] == messages[loop.index0]['role'] -%}"
+           "{{ raise_exception('Conversation roles must alternate') }}{%- endif -%}{%- endfor -%}\n")
 MSGS = [{"role": "user", "content": "What is the capital of the river country?"}]
 
 
@@ -31,8 +34,17 @@ def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
 
-def test_template_failure_is_a_400_and_a_failed_record(upstream, tokenizer_dir, db_target):
-    cfg = ProxyConfig(db=db_target, upstream=upstream, port=0, prefix=True, tokenizer=str(tokenizer_dir))
+@pytest.fixture
+def strict_tokenizer_dir(tokenizer_dir, tmp_path):
+    out = tmp_path / "strict"
+    shutil.copytree(tokenizer_dir, out)
+    template = out / "chat_template.jinja"
+    template.write_text(_STRICT + template.read_text())
+    return out
+
+
+def test_template_failure_is_a_400_and_a_failed_record(upstream, strict_tokenizer_dir, db_target):
+    cfg = ProxyConfig(db=db_target, upstream=upstream, port=0, prefix=True, tokenizer=str(strict_tokenizer_dir))
     with run_proxy(cfg) as proxy:
         client = _client(proxy.url)
         for stream in (False, True):

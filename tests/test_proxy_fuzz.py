@@ -25,7 +25,10 @@ TOOL = {"type": "function", "function": {"name": DEFAULT_TOOL, "description": "L
 USER = {"role": "user", "content": "What is the capital of france?"}
 
 _text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(["", "\x00", "a\x00b", "<|im_end|>"])
-_odd = st.one_of(st.none(), st.booleans(), st.sampled_from([0, -1, 1, 2, 3, 21, 2 ** 31, 10 ** 20, -0.5, 0.5, 2.5, 1e300]),
+_DEEP: list = []
+for _ in range(300):  # deeper than orjson writes (254 levels)
+    _DEEP = [_DEEP]
+_odd = st.one_of(st.none(), st.booleans(), st.just(_DEEP), st.sampled_from([0, -1, 1, 2, 3, 21, 2 ** 31, 10 ** 20, -0.5, 0.5, 2.5, 1e300]),
                  _text, st.just([]), st.just({}), st.lists(st.integers(-2, 5), max_size=3),
                  st.dictionaries(st.sampled_from(["type", "text", "name", "x", "5"]), st.none() | _text | st.integers(),
                                  max_size=2))

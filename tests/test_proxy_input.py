@@ -152,3 +152,13 @@ def test_an_unexpected_backend_error_is_logged_not_answered(caplog):
         err = as_proxy_error(RuntimeError("INSERT INTO calls VALUES ('secret-param')"), "call123")
     assert err.status == 500 and "secret-param" not in err.message and "INSERT" not in err.message
     assert "call123" in caplog.text and "secret-param" in caplog.text  # the operator still has it
+
+
+def test_a_body_nested_too_deep_to_forward_or_record_is_a_400(upstream, tmp_path):
+    """orjson reads 1,024 levels but writes 254: such a body was read, then failed (500) when
+    forwarded or recorded."""
+    deep = "[" * 300 + "]" * 300
+    body = ('{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x", "extra": ' + deep + "}]}")
+    with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), upstream=upstream, port=0)) as proxy:
+        r = httpx.post(proxy.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text

@@ -15,8 +15,11 @@ the chat template gives different ids (token drift), as real models do.
 
 Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malformed answers with
 status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
-(a stream chunk that is not JSON, after the first content chunk). Run as a process:
-`python tests/vllm_standin.py --tokenizer DIR --port 8001`.
+(a stream chunk that is not JSON, after the first content chunk); "nul-output" answers text
+holding U+0000 (as models sometimes do). With `api_key` it answers 401 to any request without
+`Authorization: Bearer <api_key>` (vLLM's `--api-key`) and keeps the Authorization headers it
+was sent in `app.state.auth_seen`. Run as a process:
+`python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY]`.
 """
 
 from __future__ import annotations
@@ -266,7 +269,13 @@ class _Opts:
 
 
 def _malformed(body: dict, model: str) -> dict:
-    if model == "bad-ids" and body["choices"][0].get("token_ids") is not None:
+    if model == "nul-output":
+        ch = body["choices"][0]
+        if "message" in ch:
+            ch["message"]["content"] = "before\x00after \uffff0"
+        else:
+            ch["text"] = "before\x00after \uffff0"
+    elif model == "bad-ids" and body["choices"][0].get("token_ids") is not None:
         body["choices"][0]["token_ids"] = [*body["choices"][0]["token_ids"], "x"]
     elif model == "bad-usage":
         body["usage"] = "lots"
@@ -277,9 +286,18 @@ def _usage(prompt: list[int], ids: list[int]) -> dict:
     return {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
 
 
-def create_app(tokenizer_dir: str) -> FastAPI:
+def create_app(tokenizer_dir: str, api_key: str | None = None) -> FastAPI:
     s = StandIn(tokenizer_dir)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.auth_seen = []
+    if api_key is not None:
+        @app.middleware("http")
+        async def _key(request: Request, call_next):
+            app.state.auth_seen.extend(request.headers.getlist("authorization"))
+            if request.headers.getlist("authorization") != [f"Bearer {api_key}"]:
+                return _err(401, "Unauthorized", "AuthenticationError")
+            return await call_next(request)
+
     app.add_route("/v1/chat/completions", s.chat, methods=["POST"])
     app.add_route("/v1/completions", s.completions, methods=["POST"])
 
@@ -291,11 +309,12 @@ def create_app(tokenizer_dir: str) -> FastAPI:
     return app
 
 
-def run_standin(tokenizer_dir: str):
-    """The stand-in on a free port in a background thread; a context manager yielding its base URL."""
+def run_standin(tokenizer_dir: str, app: FastAPI | None = None):
+    """The stand-in (or `app`, one made by `create_app`) on a free port in a background thread; a
+    context manager yielding its base URL."""
     from asgi_thread import serve_in_thread
 
-    return serve_in_thread(create_app(tokenizer_dir), loop="uvloop", http="httptools")
+    return serve_in_thread(app or create_app(tokenizer_dir), loop="uvloop", http="httptools")
 
 
 def main() -> None:
@@ -305,8 +324,9 @@ def main() -> None:
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument("--api-key", default=None, help="require this bearer key, like vLLM's --api-key")
     args = ap.parse_args()
-    uvicorn.run(create_app(args.tokenizer), host=args.host, port=args.port, loop="uvloop", http="httptools",
+    uvicorn.run(create_app(args.tokenizer, args.api_key), host=args.host, port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, backlog=4096)
 
 

@@ -1,0 +1,91 @@
+"""Bounds on what a client can make the proxy hold: one body limit for every route, the API key
+checked before a byte of a body is read, and a size limit on rollout and reward metadata.
+
+The model endpoints read their body with `read_body` themselves (after the key and identity
+checks); everything else passes through `Guard`, which does the same in front of FastAPI, so no
+route — rollout, reward, weights, /v1/models, the viewer — parses a body it should have refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harnessrl.proxy.errors import ProxyError, bad_request, error_response
+from harnessrl.proxy.identity import check_auth
+
+# probes carry no key (see probes.py)
+OPEN_PATHS = frozenset({"/health", "/ready"})
+_GUARD_HEADERS = {b"authorization", b"content-length"}
+
+
+def too_large(limit: int) -> ProxyError:
+    return ProxyError(413, f"request body is larger than the limit of {limit} bytes", code="body_too_large")
+
+
+async def read_body(headers: dict[str, str], receive, limit: int) -> bytes:
+    """The request body, refused (413) past `limit` bytes without reading the rest."""
+    size = headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise too_large(limit)
+    chunks, total = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise ProxyError(400, "the client disconnected", code="client_disconnected")
+        chunk = msg.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+        if not msg.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Guard:
+    """ASGI wrapper: the key, then the body within `max_body` bytes, then `app` with that body."""
+
+    def __init__(self, app, api_key: str | None, max_body: int) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body = max_body
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _GUARD_HEADERS}
+        try:
+            if scope["path"] not in OPEN_PATHS:
+                check_auth(headers, self.api_key)
+            body = await read_body(headers, receive, self.max_body)
+        except ProxyError as err:
+            await error_response(err)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+def _replay(body: bytes, receive):
+    """A `receive` that gives the body already read, then whatever the client sends next (a
+    disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def check_metadata(meta: dict | None, limit: int) -> None:
+    """Rollout and reward `metadata`: plain JSON (what every database stores alike) of at most
+    `limit` bytes."""
+    if meta is None:
+        return
+    try:
+        size = len(json.dumps(meta, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode())
+    except ValueError:  # NaN, Infinity (json.loads takes them) or an unpaired surrogate
+        raise bad_request("'metadata' must be plain JSON: no NaN, Infinity or unpaired surrogates",
+                          param="metadata", code="invalid_value") from None
+    if size > limit:
+        raise bad_request(f"'metadata' is {size} bytes as JSON; the limit is {limit}", param="metadata",
+                          code="metadata_too_large")
