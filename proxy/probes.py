@@ -55,4 +55,5 @@ async def _upstream(pool: Any) -> str:
         resp = await asyncio.wait_for(pool.request("GET", "/v1/models"), UPSTREAM_PROBE_S)
     except Exception:  # noqa: BLE001 - unreachable, refused or too slow: not ready
         return "unreachable"
-    return "ok" if resp.status < 500 else f"status {resp.status}"
+    # 401/403: a missing or wrong --upstream-api-key; every call would fail
+    return "ok" if resp.status < 500 and resp.status not in (401, 403) else f"status {resp.status}"
