@@ -175,7 +175,13 @@ class Reader:
         with self.engine.connect() as conn:
             for r in conn.execute(q):
                 w = works[r.rollout_id]
+                if r.endpoint == "embeddings":  # recorded for the trace, never a sample
+                    w.stats["embeddings"] += 1
+                    continue
                 w.stats["calls"] += 1
+                if r.status == "discarded":  # a best_of sample the harness never saw
+                    w.stats["discarded"] += 1
+                    continue
                 if r.status != "ok":
                     w.stats["failed"] += 1
                     continue

@@ -8,6 +8,7 @@ from rich.table import Table
 
 _ROWS = (
     ("rollouts", "rollouts"), ("calls", "calls"), ("failed", "failed calls (skipped)"),
+    ("discarded", "best_of samples not returned (skipped)"), ("embeddings", "embedding calls (not samples)"),
     ("retokenized", "retokenized calls"), ("sessions", "sessions"), ("samples", "samples"),
     ("merges", "merges (extends)"), ("roots_start", "roots: session start"), ("roots_branch", "roots: branch"),
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),

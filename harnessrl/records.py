@@ -61,7 +61,7 @@ class Call(Base):
     session_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     agent: Mapped[str | None] = mapped_column(String(128), nullable=True)
     parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    endpoint: Mapped[str] = mapped_column(String(32))  # chat | completions
+    endpoint: Mapped[str] = mapped_column(String(32))  # chat | completions | embeddings
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     # request: messages / prompt, tools, tool_choice, sampling params (never auth)
@@ -83,7 +83,7 @@ class Call(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error
+    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | discarded (best_of)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 

@@ -39,7 +39,7 @@ def _check_common(req: dict) -> None:
         ("temperature", lambda v: _is_num(v) and v >= 0, "a non-negative number"),
         ("top_p", lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
         ("seed", _is_int, "an integer"),
-        ("n", lambda v: v == 1 and _is_int(v), "1 (send n separate requests to record n samples)"),
+        ("n", lambda v: _is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
         ("stop", lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
          "a string or a list of strings"),
         ("stream_options", lambda v: isinstance(v, dict), "an object"),
