@@ -9,8 +9,10 @@ exactly as a single call's, by the same code, on every route. A sample with a `s
 
 Every sample gets a call id and a record (siblings in the session's prefix tree: compile sees
 them as branches), all are committed before the harness gets one response with n choices;
-streamed, the samples' chunks are interleaved, each with its choice index. If any sample fails
-the harness gets that error, and every sample is recorded as failed (it saw none of them).
+streamed, the samples' chunks are interleaved, each with its choice index; the 200 waits for every
+sample's first chunk, so a rejected prompt is still an HTTP error (on the local backend, whose
+one worker runs samples in turn, the stream starts once all but the last are done). If any
+sample fails the harness gets that error, and every sample is recorded as failed (it saw none).
 
 `best_of > n` (Completions): `best_of` samples are drawn and the n with the highest sum of
 log-probs returned, as OpenAI does; the others are recorded with status `discarded` (the
