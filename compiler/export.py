@@ -38,7 +38,7 @@ from harnessrl.errors import UserError
 
 PROCESS_REWARDS = ("tool_format", "dispatch_ok", "matchtir")
 MISSING_OUTCOME = ("skip", "zero")
-STAT_KEYS = ("calls", "failed", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
+STAT_KEYS = ("calls", "failed", "text_only", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
              "roots_drift", "roots_rewrite", "untrained_sessions", "no_outcome", "skipped_no_outcome",
              "singleton_groups", "singleton_buckets", "tokens_recorded", "tokens_emitted", "trainable_tokens",
              "class_reasoning", "class_action", "class_args", "class_format")

@@ -8,6 +8,7 @@ from rich.table import Table
 
 _ROWS = (
     ("rollouts", "rollouts"), ("calls", "calls"), ("failed", "failed calls (skipped)"),
+    ("text_only", "text-only calls (skipped)"),
     ("retokenized", "retokenized calls"), ("sessions", "sessions"), ("samples", "samples"),
     ("merges", "merges (extends)"), ("roots_start", "roots: session start"), ("roots_branch", "roots: branch"),
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),
