@@ -92,3 +92,33 @@ def test_anthropic_stream_to_deltas_and_result():
         _Assembler().feed(_ev("error", error={"type": "overloaded_error", "message": "overloaded"}))
     with pytest.raises(UpstreamMalformed):
         _Assembler().feed(_ev("content_block_delta", index=0, delta={}))
+
+
+@pytest.mark.unit
+def test_chat_to_responses_request_and_back():
+    from harnessrl.proxy.upstream_responses import from_response, to_responses_request
+
+    body = {"model": "gpt-x", "max_tokens": 30, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Find pi"},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"query":"pi"}'}}]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "3.14"}]}
+    out = to_responses_request(body)
+    assert out["instructions"] == "Be brief." and out["store"] is False and out["max_output_tokens"] == 30
+    assert out["input"] == [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Find pi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"query":"pi"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "3.14"}]
+    assert out["tool_choice"] == {"type": "function", "name": "lookup"}
+    assert out["tools"][0]["name"] == "lookup" and out["text"]["format"]["name"] == "a"
+    r = from_response({"object": "response", "status": "completed", "usage": {"input_tokens": 5, "output_tokens": 2},
+                       "output": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+                                  {"type": "function_call", "call_id": "k", "name": "lookup", "arguments": "{}"}]})
+    assert r.finish_reason == "tool_calls" and r.message["reasoning_content"] == "think" and r.text is None
+    assert r.message["tool_calls"] == [{"id": "k", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+    cut = from_response({"object": "response", "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+                         "output": [{"type": "message", "content": [{"type": "output_text", "text": "par"}]}]})
+    assert cut.text == "par" and cut.finish_reason == "length"
+    with pytest.raises(ProxyError, match="boom"):
+        from_response({"object": "response", "status": "failed", "output": [], "error": {"message": "boom"}})
