@@ -42,6 +42,8 @@ def compile_cmd(
                                          "zero (advantage 0, default) | raw (its raw value)."),
     missing_outcome: str = typer.Option("skip", "--missing-outcome", help="Rollouts without an outcome reward: "
                                         "skip (left out of groups and samples) | zero (scored 0)."),
+    mask_truncated: bool = typer.Option(False, "--mask-truncated", help="A session path whose last call was cut "
+                                        "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
     unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
                                         "marker: args | reasoning."),
 ) -> None:
@@ -63,7 +65,7 @@ def compile_cmd(
     opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
-                          adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
+                          mask_truncated=mask_truncated, adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
                           class_config=ClassConfig(unmarked_answer=unmarked_answer))
     compiler = Compiler(db, opts)
     console = Console()

@@ -170,7 +170,8 @@ class Reader:
         missing: list[Any] = []
         cols = (Call.id, Call.rollout_id, Call.seq, Call.session_id, Call.agent, Call.parent_call_id,
                 Call.status, Call.prompt_ids, Call.completion_ids, Call.completion_logprobs,
-                Call.response_text, Call.tool_calls, Call.weight_version, Call.endpoint, Call.prompt_path)
+                Call.response_text, Call.tool_calls, Call.weight_version, Call.endpoint, Call.prompt_path,
+                Call.finish_reason)
         q = select(*cols).where(Call.rollout_id.in_(list(works))).order_by(Call.rollout_id, Call.seq)
         with self.engine.connect() as conn:
             for r in conn.execute(q):
@@ -271,7 +272,8 @@ def _call_tokens(r: Any, prompt: np.ndarray, completion: np.ndarray, logprobs: n
                  retokenized: bool = False) -> CallTokens:
     return CallTokens(call_id=r.id, seq=r.seq, key=session_key(r.session_id, r.agent), prompt=prompt,
                       completion=completion, logprobs=logprobs, agent=r.agent, session_id=r.session_id,
-                      parent_call_id=r.parent_call_id, weight_version=r.weight_version, retokenized=retokenized)
+                      parent_call_id=r.parent_call_id, weight_version=r.weight_version, retokenized=retokenized,
+                      finish_reason=r.finish_reason)
 
 
 def _dispatched_texts(parsed: ParsedResponse) -> list[str]:

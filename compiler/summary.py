@@ -14,7 +14,7 @@ _ROWS = (
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),
     ("untrained_sessions", "sessions not trained"), ("no_outcome", "rollouts without outcome"),
     ("skipped_no_outcome", "  left out (no outcome)"), ("singleton_groups", "groups of one rollout"),
-    ("singleton_buckets", "turn buckets of one"),
+    ("singleton_buckets", "turn buckets of one"), ("masked_truncated", "unfinished last turns masked"),
     ("tokens_recorded", "tokens recorded (Σ|S_c|)"), ("tokens_emitted", "tokens emitted"),
     ("token_saving", "token saving"), ("trainable_tokens", "trainable tokens"),
     ("class_reasoning", "  reasoning"), ("class_action", "  action"), ("class_args", "  args"),
