@@ -16,6 +16,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 UNASSIGNED_ROLLOUT = "unassigned"
 
 
+TEXT_ONLY = "text-only"  # Call.prompt_path of a call from a provider that returns no token ids
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
@@ -75,7 +78,8 @@ class Call(Base):
     completion_ids: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     completion_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     # how the prompt was built: "prefix" (earlier call's exact ids + rendered suffix),
-    # "render" (chat template / upstream rendering), "raw" (completions prompt)
+    # "render" (chat template / upstream rendering), "raw" (completions prompt), or TEXT_ONLY
+    # (an upstream that returns no token ids or log-probs: text only, never an RL sample)
     prompt_path: Mapped[str | None] = mapped_column(String(16), nullable=True)
     prefix_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     drift: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # rendered prefix != sampled ids
