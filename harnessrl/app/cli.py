@@ -12,6 +12,7 @@ from rich.console import Console
 
 import harnessrl
 from harnessrl.algorithms import algo_help
+from harnessrl.app import cli_tracing
 from harnessrl.app.harnesses import harness_help
 from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
@@ -116,6 +117,7 @@ def _viewer(db: str, tokenizer: str | None):
 
 
 proxy_cli.register(app, ui=_viewer)
+cli_tracing.register(app)
 for _part in (compiler_cli, trainer_cli, viewer_cli):
     _part.register(app)
 
