@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from harnessrl.errors import UserError
 _HOSTS_HELP = "YAML/JSON list of more LLM API hosts: names such as llm.corp.example or patterns such as *.gw.example."
 _MITM_HELP = "The mitmdump of mitmproxy's own venv (default: $HARNESSRL_MITMDUMP, .venv-mitm, PATH)."
 _CA_HELP = "Directory of the interception CA (default: $HARNESSRL_HOME/mitmproxy, ~/.harnessrl/mitmproxy)."
+
+
+def _exit_on_sigterm() -> None:
+    """A SIGTERM unwinds like Ctrl-C, so mitmdump is stopped and the rollout finished, not orphaned."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +39,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = InterceptConfig(proxy=proxy.rstrip("/"), port=port, rollout=rollout, agent=agent, hosts=read_hosts(hosts),
                               only_llm=only_llm, mitmdump=mitmdump, ca_dir=ca, proxy_key=proxy_key())
+        _exit_on_sigterm()
         with start_intercept(cfg, log=None, quiet=False) as icpt:
             print(describe(icpt), file=sys.stderr, flush=True)
             try:
@@ -70,6 +77,7 @@ def register(app: typer.Typer) -> None:
                                ca_dir=ca) if intercept else None
         if not intercept and (only_llm or hosts):
             raise UserError("--only-llm and --hosts need interception (drop --no-intercept)")
+        _exit_on_sigterm()
         opts = RunOptions(task=task, group=group, run=run_tag, agent=agent, reward_from=reward_from)
         raise typer.Exit(run_command(list(cmd or []), opts, proxy, model, db, icfg))
 
