@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,13 +100,12 @@ def outcome_of(source: str | None, code: int, last_line: str | None, reward_file
     return value, None if value is not None else f"{reward_file} holds no reward (want 0.7 or {{\"reward\": 0.7}})"
 
 
-def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_last_line: bool,
-             cwd: Path | None = None) -> tuple[int, str | None]:
+def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_last_line: bool) -> tuple[int, str | None]:
     """Run the command (argv, or a shell line), stdin and stderr inherited (stderr joins `stdout`
     when that is a file). Returns its exit code and, if asked, the last non-empty stdout line."""
     shell = isinstance(cmd, str)
     if stdout is not None:
-        code = subprocess.run(cmd, shell=shell, env=env, stdout=stdout, stderr=subprocess.STDOUT, cwd=cwd).returncode
+        code = subprocess.run(cmd, shell=shell, env=env, stdout=stdout, stderr=subprocess.STDOUT).returncode
         last = None
         if tee_last_line:
             stdout.flush()
@@ -114,9 +113,9 @@ def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_l
             last = lines[-1] if lines else None
         return code, last
     if not tee_last_line:
-        return subprocess.run(cmd, shell=shell, env=env, cwd=cwd).returncode, None
+        return subprocess.run(cmd, shell=shell, env=env).returncode, None
     last = None
-    with subprocess.Popen(cmd, shell=shell, env=env, stdout=subprocess.PIPE, cwd=cwd) as proc:
+    with subprocess.Popen(cmd, shell=shell, env=env, stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:  # passed on as it comes: the command's output is still the user's
             sys.stdout.buffer.write(line)
@@ -126,16 +125,17 @@ def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_l
     return proc.returncode, last
 
 
-def run_in_rollout(client: HarnessRL, cmd: list[str] | str, opts: RunOptions, interceptor: Interceptor | None,
-                   stdout: IO | None = None, on_created=None, workdir: Path | None = None,
-                   extra_env: dict[str, str] | None = None) -> RunResult:
-    """Create a rollout, run `cmd` in it, report its outcome, finish it (also when the command
-    could not start or was interrupted)."""
+def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout], str], opts: RunOptions, interceptor: Interceptor | None,
+                   stdout: IO | None = None, on_created=None, extra_env: dict[str, str] | None = None) -> RunResult:
+    """Create a rollout, run `cmd` in it (argv, shell line, or a function of the rollout giving the
+    shell line), report its outcome, finish it (also when the command could not start or was interrupted)."""
     check_reward_from(opts.reward_from)
     ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata)
     if on_created is not None:
         on_created(ro)
     try:
+        if callable(cmd):
+            cmd = cmd(ro)
         env = {**os.environ, **rollout_env(ro, client.url, opts.agent, interceptor), **(extra_env or {})}
         reward_file = None
         if opts.reward_from not in (None, *REWARD_SOURCES):
@@ -143,7 +143,7 @@ def run_in_rollout(client: HarnessRL, cmd: list[str] | str, opts: RunOptions, in
             reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
             env["HARNESSRL_REWARD_FILE"] = str(reward_file)
         try:
-            code, last = _execute(cmd, env, stdout, opts.reward_from == "stdout-json", workdir)
+            code, last = _execute(cmd, env, stdout, opts.reward_from == "stdout-json")
         except OSError as exc:
             raise UserError(f"cannot run {cmd if isinstance(cmd, str) else cmd[0]!r}: {exc.strerror}") from None
         outcome, warning = outcome_of(opts.reward_from, code, last, reward_file)
