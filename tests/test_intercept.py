@@ -115,11 +115,12 @@ def test_node_client_trusts_the_ca_through_node_extra_ca_certs(session):
     assert any(_message(c) == "hello from node" and c.completion_ids for c in calls)
 
 
-def test_an_hrl_key_names_its_own_rollout_and_agent(session):
-    assert session["clients"]["keyed"] == "200"
+def test_an_hrl_key_or_proxy_username_names_its_own_rollout_and_agent(session):
+    assert session["clients"]["keyed"] == "200" and session["clients"]["proxyuser"] == "200"
     ro, calls = _calls(session, "other")
     assert ro.id == session["clients"]["other_rollout"]
-    assert [(c.agent, _message(c)) for c in calls] == [("keyed", "hello with a key")]
+    assert [(c.agent, _message(c)) for c in calls] == [("keyed", "hello with a key"),
+                                                       ("viaproxy", "hello via the proxy url")]
 
 
 def test_no_client_key_reaches_the_db_or_the_logs(session):

@@ -24,6 +24,9 @@ other=$(curl -sS -X POST "$HARNESSRL_PROXY/harnessrl/rollouts" -H 'content-type:
   | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["id"])')
 note other_rollout "$other"
 note keyed "$(chat https://api.openai.com/v1/chat/completions "Authorization: Bearer hrl-$other-keyed" 'hello with a key')"
+# ... and so does the username of the proxy URL (how one mitmdump serves many rollouts: loop --cmd --intercept)
+note proxyuser "$(https_proxy="http://hrl-$other-viaproxy:x@${HTTPS_PROXY#*@}" \
+  chat https://api.openai.com/v1/chat/completions "Authorization: Bearer $TEST_CURL_KEY" 'hello via the proxy url')"
 # a host that is not an LLM API passes through untouched, credentials and all
 note plain "$(curl -sS -o /dev/null -w '%{http_code}' --proxy "$HTTP_PROXY" --noproxy '' "$PLAIN_URL" \
   -H 'Authorization: Bearer not-an-llm-key')"
