@@ -4,8 +4,8 @@ The template is a shell line run once per task and sample, through `harnessrl ru
 (`run_in_rollout`): a rollout is created for it, the base-URL variables point at it, and with
 `--intercept` one mitmdump (for the whole loop) catches hard-coded API hosts, each rollout's
 identity riding in its proxy URL. Placeholders, shell-quoted: {task} (a JSON file with the task's
-id and input), {task_id}, {base_url}, {rollout}, {temperature}. The outcome is `--reward-from`,
-else whatever outcome reward the program reported itself (`$HARNESSRL_ROLLOUT`, `harnessrl reward`),
+id and input), {task_id}, {base_url}, {rollout}, {temperature}. The outcome is `--reward-from`
+(exit-code | stdout-json | file: a file per rollout, its path in $HARNESSRL_REWARD_FILE), else whatever outcome reward the program reported itself (`$HARNESSRL_ROLLOUT`, `harnessrl reward`),
 and a compile-time `--reward` scores it against the task's reference either way.
 """
 
@@ -17,7 +17,6 @@ import re
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, split_tasks
 from harnessrl.app.intercept import InterceptConfig, Interceptor, start_intercept

@@ -13,14 +13,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+import httpx
 from rich.console import Console
 
-from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, start_intercept
+from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
 from harnessrl.client import HarnessRL, HarnessRLError, Rollout
 from harnessrl.errors import UserError
 
@@ -125,33 +126,44 @@ def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_l
     return proc.returncode, last
 
 
-def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout], str], opts: RunOptions, interceptor: Interceptor | None,
+def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout], str], opts: RunOptions,
+                   interceptor: Interceptor | Callable[[Rollout], AbstractContextManager[Interceptor]] | None,
                    stdout: IO | None = None, on_created=None, extra_env: dict[str, str] | None = None) -> RunResult:
     """Create a rollout, run `cmd` in it (argv, shell line, or a function of the rollout giving the
-    shell line), report its outcome, finish it (also when the command could not start or was interrupted)."""
+    shell line), report its outcome, finish it (also when the command could not start or was interrupted).
+    `interceptor`: a running one, or a function that starts one for this rollout."""
     check_reward_from(opts.reward_from)
     ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata)
     if on_created is not None:
         on_created(ro)
     try:
-        if callable(cmd):
-            cmd = cmd(ro)
-        env = {**os.environ, **rollout_env(ro, client.url, opts.agent, interceptor), **(extra_env or {})}
-        reward_file = None
-        if opts.reward_from not in (None, *REWARD_SOURCES):
-            reward_file = Path(opts.reward_from).resolve()
-            reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
-            env["HARNESSRL_REWARD_FILE"] = str(reward_file)
-        try:
-            code, last = _execute(cmd, env, stdout, opts.reward_from == "stdout-json")
-        except OSError as exc:
-            raise UserError(f"cannot run {cmd if isinstance(cmd, str) else cmd[0]!r}: {exc.strerror}") from None
-        outcome, warning = outcome_of(opts.reward_from, code, last, reward_file)
-        if outcome is not None:
-            ro.reward(outcome)
+        with ExitStack() as stack:
+            if callable(interceptor):
+                interceptor = stack.enter_context(interceptor(ro))
+            code, outcome, warning = _run_and_score(ro, client.url, cmd, opts, interceptor, stdout, extra_env)
     finally:
         ro.finish()
     return RunResult(ro.id, code, outcome, [warning] if warning else [])
+
+
+def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, interceptor: Interceptor | None,
+                   stdout: IO | None, extra_env: dict[str, str] | None) -> tuple[int, float | None, str | None]:
+    if callable(cmd):
+        cmd = cmd(ro)
+    env = {**os.environ, **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
+    reward_file = None
+    if opts.reward_from not in (None, *REWARD_SOURCES):
+        reward_file = Path(opts.reward_from).resolve()
+        reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
+        env["HARNESSRL_REWARD_FILE"] = str(reward_file)
+    try:
+        code, last = _execute(cmd, env, stdout, opts.reward_from == "stdout-json")
+    except OSError as exc:
+        raise UserError(f"cannot run {cmd if isinstance(cmd, str) else cmd[0]!r}: {exc.strerror}") from None
+    outcome, warning = outcome_of(opts.reward_from, code, last, reward_file)
+    if outcome is not None:
+        ro.reward(outcome)
+    return code, outcome, warning
 
 
 @contextmanager
@@ -178,20 +190,25 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
         raise UserError("give the command after --, e.g. harnessrl run --model DIR -- python agent.py")
     check_reward_from(opts.reward_from)
     with ExitStack() as stack:
-        url = stack.enter_context(proxy_for(proxy, model, db))
-        client = stack.enter_context(HarnessRL(url, api_key=proxy_key()))
-        interceptor = None
+        starter = None
         if intercept is not None:
-            intercept.proxy = url
-            intercept.proxy_key = proxy_key()
+            intercept.mitmdump = find_mitmdump(intercept.mitmdump)  # before any rollout is made
             # mitmdump's own output goes to a log beside the CA, not into the command's terminal
             log = stack.enter_context(open(ca_dir(intercept.ca_dir) / "mitmdump.log", "a"))
-            interceptor = stack.enter_context(start_intercept(intercept, log=log))
+
+            def starter(ro: Rollout) -> AbstractContextManager[Interceptor]:
+                # the rollout is also mitmdump's default identity, for clients that drop the proxy URL's username
+                return start_intercept(replace(intercept, proxy=url, proxy_key=proxy_key(), rollout=ro.id,
+                                               agent=opts.agent), log=log)
+        url = stack.enter_context(proxy_for(proxy, model, db))
+        client = stack.enter_context(HarnessRL(url, api_key=proxy_key()))
         try:
-            result = run_in_rollout(client, argv, opts, interceptor,
+            result = run_in_rollout(client, argv, opts, starter,
                                     on_created=lambda ro: _err.print(f"harnessrl run: rollout {ro.id}"))
         except HarnessRLError as exc:
             raise UserError(f"the proxy at {url} refused: {exc}") from None
+        except httpx.TransportError as exc:
+            raise UserError(f"cannot reach the proxy at {url}: {exc}") from None
     for warning in result.warnings:
         _err.print(f"[yellow]warning:[/yellow] {warning}")
     if result.outcome is not None:
