@@ -156,7 +156,7 @@ def test_only_llm_refuses_other_hosts_with_403(session):
 def test_anthropic_sdk_without_base_url_is_recorded_with_token_ids(session):
     assert session["clients"]["anthropic"] == "0"
     _, calls = _calls(session, "ns")
-    call = next(c for c in calls if c.endpoint != "chat" or "anthropic" in json.dumps(c.request))
+    call = next(c for c in calls if "hello from the anthropic sdk" in json.dumps(c.request))
     assert call.status == "ok" and call.prompt_ids and call.completion_ids
 
 
