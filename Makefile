@@ -19,5 +19,5 @@ test: install
 # The unit tests (-m unit) on Python 3.12 in their own venv; .ci/run finds the interpreter.
 PYTHON312 ?= python3.12
 test-py312:
-	VENV=.venv-py312 PYTHON=$(PYTHON312) EXTRAS=dev bash scripts/install.sh
+	VENV=.venv-py312 PYTHON=$(PYTHON312) EXTRAS=dev MITM=0 bash scripts/install.sh
 	.venv-py312/bin/python -m pytest -q -m unit

@@ -33,15 +33,22 @@ def tree_stats(w: RolloutWork) -> None:
                 s[f"roots_{node.cause}"] += 1
 
 
-def emit(w: RolloutWork, add: Callable[[dict[str, Any]], int], train_agents: str, advantage: str) -> None:
-    """The rollout's samples of the trained agents, each passed to `add` (returns its tokens)."""
+def emit(w: RolloutWork, add: Callable[[dict[str, Any]], int], train_agents: str, advantage: str,
+         mask_truncated: bool = False) -> None:
+    """The rollout's samples of the trained agents, each passed to `add` (returns its tokens).
+    `mask_truncated`: a path that ends in a call cut by max_tokens — the session never finished
+    that turn — trains nothing on that last turn (counted as `masked_truncated`)."""
     s = w.stats
     for tree in w.trees:
         if not trained(w, tree.nodes[0].call.agent, train_agents):
             s["untrained_sessions"] += 1
             continue
         for path in linear_paths(tree):
-            s["tokens_emitted"] += add(sample(w, tree, path.nodes, path.trainable, advantage))
+            trainable = path.trainable
+            if mask_truncated and tree.nodes[path.nodes[-1]].call.finish_reason == "length" and trainable[-1]:
+                trainable = [*trainable[:-1], False]
+                s["masked_truncated"] += 1
+            s["tokens_emitted"] += add(sample(w, tree, path.nodes, trainable, advantage))
             s["samples"] += 1
 
 

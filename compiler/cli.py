@@ -1,4 +1,4 @@
-"""Sub-commands of the compiler: `compile`, `inspect`, `tasks import`."""
+"""Sub-commands of the compiler: `compile`, `inspect`, `tasks import`, `traces from-rollouts`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 from harnessrl.algorithms import algo_help, default_train_agents, get_algorithm
 
 tasks_app = typer.Typer(help="Tasks and expert traces in the records DB.", no_args_is_help=True)
+traces_app = typer.Typer(help="Expert traces (for `sft` and PACT).", no_args_is_help=True)
 
 
 def _split(value: str | None) -> tuple[str, ...]:
@@ -41,6 +42,8 @@ def compile_cmd(
                                          "zero (advantage 0, default) | raw (its raw value)."),
     missing_outcome: str = typer.Option("skip", "--missing-outcome", help="Rollouts without an outcome reward: "
                                         "skip (left out of groups and samples) | zero (scored 0)."),
+    mask_truncated: bool = typer.Option(False, "--mask-truncated", help="A session path whose last call was cut "
+                                        "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
     unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
                                         "marker: args | reasoning."),
 ) -> None:
@@ -62,7 +65,7 @@ def compile_cmd(
     opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
-                          adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
+                          mask_truncated=mask_truncated, adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
                           class_config=ClassConfig(unmarked_answer=unmarked_answer))
     compiler = Compiler(db, opts)
     console = Console()
@@ -103,9 +106,37 @@ def tasks_import(
     Console().print(f"imported {n_tasks} tasks ({n_traces} with expert traces) into {db}")
 
 
+def traces_from_rollouts(
+    db: str = typer.Argument(..., help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    out: Path | None = typer.Option(None, "--out", help="Write a tasks JSONL (one trace per task) here."),
+    into_db: bool = typer.Option(False, "--into-db", help="Add the traces to the DB's expert-trace table instead."),
+    run: str | None = typer.Option(None, "--run", help="Only rollouts of this run (e.g. the teacher's)."),
+    min_reward: float | None = typer.Option(None, "--min-reward", help="Only rollouts whose outcome is at least this."),
+    agent: str | None = typer.Option(None, "--agent", help="The agent whose conversation is the trace "
+                                     "(default: the agent of each rollout's first call)."),
+    per_task: int = typer.Option(1, "--per-task", help="Distinct traces kept per task, best first (--into-db only)."),
+) -> None:
+    """Turn the best recorded rollouts of each task (any upstream) into expert traces."""
+    from rich.console import Console
+
+    from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
+    from harnessrl.errors import UserError
+
+    if (out is None) == (not into_db):
+        raise UserError("give exactly one of --out FILE and --into-db")
+    traces, stats = collect(db, run, min_reward, agent, per_task)
+    if out is not None:
+        write_jsonl(traces, out)
+        Console().print(f"{stats.line()}; written to {out}")
+    else:
+        Console().print(f"{stats.line()}; {write_db(db, traces)} added to {db}")
+
+
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the main app."""
     app.command("compile")(compile_cmd)
     app.command("inspect")(inspect_cmd)
     tasks_app.command("import")(tasks_import)
     app.add_typer(tasks_app, name="tasks")
+    traces_app.command("from-rollouts")(traces_from_rollouts)
+    app.add_typer(traces_app, name="traces")

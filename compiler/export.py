@@ -38,9 +38,9 @@ from harnessrl.errors import UserError
 
 PROCESS_REWARDS = ("tool_format", "dispatch_ok", "matchtir")
 MISSING_OUTCOME = ("skip", "zero")
-STAT_KEYS = ("calls", "failed", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
+STAT_KEYS = ("calls", "failed", "text_only", "discarded", "embeddings", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
              "roots_drift", "roots_rewrite", "untrained_sessions", "no_outcome", "skipped_no_outcome",
-             "singleton_groups", "singleton_buckets", "tokens_recorded", "tokens_emitted", "trainable_tokens",
+             "singleton_groups", "singleton_buckets", "masked_truncated", "tokens_recorded", "tokens_emitted", "trainable_tokens",
              "class_reasoning", "class_action", "class_args", "class_format")
 
 
@@ -58,6 +58,7 @@ class CompileOptions:
     matcher: str = "hungarian"
     central_agent: str | None = None  # default: the agent of each rollout's first call
     missing_outcome: str = "skip"  # a rollout without an outcome: skip (left out) | zero (R = 0)
+    mask_truncated: bool = False  # a path whose last call was cut by max_tokens: that turn gets mask 0
     adv_config: AdvantageConfig = field(default_factory=AdvantageConfig)
     class_config: ClassConfig = field(default_factory=ClassConfig)
     batch_rollouts: int = 256
@@ -116,7 +117,7 @@ class Compiler:
             for w in works:
                 tree_stats(w)
                 if w.id in kept_ids:
-                    emit(w, writer.add, o.train_agents, o.advantage)
+                    emit(w, writer.add, o.train_agents, o.advantage, o.mask_truncated)
                 else:
                     w.stats["skipped_no_outcome"] += 1
                 self._count(w)
@@ -133,7 +134,8 @@ class Compiler:
         stats = {"totals": dict(t), "rollouts": self.per_rollout,
                  "options": {"reward": o.reward, "process": list(o.process), "advantage": o.advantage,
                              "train_agents": o.train_agents, "matcher": o.matcher,
-                             "missing_outcome": o.missing_outcome, "adv_config": o.adv_config.as_dict(),
+                             "missing_outcome": o.missing_outcome, "mask_truncated": o.mask_truncated,
+                             "adv_config": o.adv_config.as_dict(),
                              "unmarked_answer": o.class_config.unmarked_answer}}
         (o.out / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         return stats

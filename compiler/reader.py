@@ -24,7 +24,7 @@ from harnessrl.compiler.retokenize import retokenize
 from harnessrl.compiler.tokentext import TokenText
 from harnessrl.compiler.trees import CallTokens, SessionTree, build_forest, infer_parent_calls, session_key
 from harnessrl.errors import UserError
-from harnessrl.records import Call, ExpertTrace, Rollout, Task, unpack_ids, unpack_logprobs
+from harnessrl.records import TEXT_ONLY, Call, ExpertTrace, Rollout, Task, unpack_ids, unpack_logprobs
 
 Selected = tuple[str, str | None, str]  # rollout id, task id, group id
 
@@ -170,14 +170,24 @@ class Reader:
         missing: list[Any] = []
         cols = (Call.id, Call.rollout_id, Call.seq, Call.session_id, Call.agent, Call.parent_call_id,
                 Call.status, Call.prompt_ids, Call.completion_ids, Call.completion_logprobs,
-                Call.response_text, Call.tool_calls, Call.weight_version, Call.endpoint)
+                Call.response_text, Call.tool_calls, Call.weight_version, Call.endpoint, Call.prompt_path,
+                Call.finish_reason)
         q = select(*cols).where(Call.rollout_id.in_(list(works))).order_by(Call.rollout_id, Call.seq)
         with self.engine.connect() as conn:
             for r in conn.execute(q):
                 w = works[r.rollout_id]
+                if r.endpoint == "embeddings":  # recorded for the trace, never a sample
+                    w.stats["embeddings"] += 1
+                    continue
                 w.stats["calls"] += 1
+                if r.status == "discarded":  # a best_of sample the harness never saw
+                    w.stats["discarded"] += 1
+                    continue
                 if r.status != "ok":
                     w.stats["failed"] += 1
+                    continue
+                if r.prompt_path == TEXT_ONLY:  # no sampled ids or log-probs: an expert trace at most
+                    w.stats["text_only"] += 1
                     continue
                 if r.prompt_ids is None or r.completion_ids is None:
                     missing.append(r)
@@ -268,7 +278,8 @@ def _call_tokens(r: Any, prompt: np.ndarray, completion: np.ndarray, logprobs: n
                  retokenized: bool = False) -> CallTokens:
     return CallTokens(call_id=r.id, seq=r.seq, key=session_key(r.session_id, r.agent), prompt=prompt,
                       completion=completion, logprobs=logprobs, agent=r.agent, session_id=r.session_id,
-                      parent_call_id=r.parent_call_id, weight_version=r.weight_version, retokenized=retokenized)
+                      parent_call_id=r.parent_call_id, weight_version=r.weight_version, retokenized=retokenized,
+                      finish_reason=r.finish_reason)
 
 
 def _dispatched_texts(parsed: ParsedResponse) -> list[str]:

@@ -8,12 +8,14 @@ from rich.table import Table
 
 _ROWS = (
     ("rollouts", "rollouts"), ("calls", "calls"), ("failed", "failed calls (skipped)"),
+    ("text_only", "text-only calls (skipped)"),
+    ("discarded", "best_of samples not returned (skipped)"), ("embeddings", "embedding calls (not samples)"),
     ("retokenized", "retokenized calls"), ("sessions", "sessions"), ("samples", "samples"),
     ("merges", "merges (extends)"), ("roots_start", "roots: session start"), ("roots_branch", "roots: branch"),
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),
     ("untrained_sessions", "sessions not trained"), ("no_outcome", "rollouts without outcome"),
     ("skipped_no_outcome", "  left out (no outcome)"), ("singleton_groups", "groups of one rollout"),
-    ("singleton_buckets", "turn buckets of one"),
+    ("singleton_buckets", "turn buckets of one"), ("masked_truncated", "unfinished last turns masked"),
     ("tokens_recorded", "tokens recorded (Σ|S_c|)"), ("tokens_emitted", "tokens emitted"),
     ("token_saving", "token saving"), ("trainable_tokens", "trainable tokens"),
     ("class_reasoning", "  reasoning"), ("class_action", "  action"), ("class_args", "  args"),

@@ -36,6 +36,7 @@ class CallTokens:
     parent_call_id: str | None = None
     weight_version: str | None = None
     retokenized: bool = False
+    finish_reason: str | None = None  # "length": cut by max_tokens (see --mask-truncated)
     s_len: int = field(init=False)  # |S| = |prompt| + |completion|
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ class Rollout:
         return self._template.replace("{agent}", agent)
 
     def reward(self, value: float, name: str = "outcome", metadata: dict | None = None) -> None:
-        self._client._post(f"/harnessrl/rollouts/{self.id}/reward", {"value": value, "name": name, "metadata": metadata})
+        self._client.reward(self.id, value, name, metadata)
 
     def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
         self._client.process_reward(call_id, value, name, metadata)
@@ -79,6 +79,10 @@ class HarnessRL:
             yield ro
         finally:
             ro.finish()
+
+    def reward(self, rollout_id: str, value: float, name: str = "outcome", metadata: dict | None = None) -> None:
+        """The outcome reward of a rollout (also after it finished: `harnessrl reward`)."""
+        self._post(f"/harnessrl/rollouts/{rollout_id}/reward", {"value": value, "name": name, "metadata": metadata})
 
     def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
         self._post(f"/harnessrl/calls/{call_id}/reward", {"value": value, "name": name, "metadata": metadata})

@@ -51,6 +51,9 @@ class NulSafeText(TypeDecorator):
         return unescape_nul(value)
 
 
+TEXT_ONLY = "text-only"  # Call.prompt_path of a call from a provider that returns no token ids
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
@@ -96,7 +99,7 @@ class Call(Base):
     session_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     agent: Mapped[str | None] = mapped_column(String(128), nullable=True)
     parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    endpoint: Mapped[str] = mapped_column(String(32))  # chat | completions
+    endpoint: Mapped[str] = mapped_column(String(32))  # chat | completions | embeddings
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     # request: messages / prompt, tools, tool_choice, sampling params (never auth)
@@ -110,7 +113,8 @@ class Call(Base):
     completion_ids: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     completion_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     # how the prompt was built: "prefix" (earlier call's exact ids + rendered suffix),
-    # "render" (chat template / upstream rendering), "raw" (completions prompt)
+    # "render" (chat template / upstream rendering), "raw" (completions prompt), or TEXT_ONLY
+    # (an upstream that returns no token ids or log-probs: text only, never an RL sample)
     prompt_path: Mapped[str | None] = mapped_column(String(16), nullable=True)
     prefix_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     drift: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # rendered prefix != sampled ids
@@ -118,7 +122,7 @@ class Call(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error
+    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | discarded (best_of)
     error: Mapped[str | None] = mapped_column(NulSafeText, nullable=True)  # may quote model or upstream text
     created_at: Mapped[float] = mapped_column(Float)
 

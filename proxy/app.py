@@ -28,6 +28,7 @@ from starlette.responses import Response
 from harnessrl.db import open_db
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
+from harnessrl.proxy.embeddings import EMBEDDINGS
 from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable, error_body, error_response
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify
@@ -78,7 +79,7 @@ class WeightsIn(BaseModel):
 
 
 # the API surfaces served on the hot path
-ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS)
+ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS)
 _HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
                 b"x-harnessrl-session", b"x-harnessrl-parent-call"}
 

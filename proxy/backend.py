@@ -19,6 +19,9 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None  # None: the backend's own seeded generator
     stop: list[str] = field(default_factory=list)
+    top_logprobs: int = 0  # alternatives to report per token
+    constraint: Any = None  # local backend: a `constrained.Constraint` that masks each token's logits
+    upstream_fields: dict = field(default_factory=dict)  # upstream: fields it enforces itself (response_format)
 
 
 @dataclass
@@ -28,6 +31,7 @@ class TokenDelta:
     token_id: int
     logprob: float  # log-prob of the sampled token under the processed (temperature/top-p) distribution
     text: str  # decoded text added by this token ("" while a multi-byte character is incomplete)
+    top: list[tuple[str, float]] | None = None  # the top-k alternatives (text, log-prob), when asked for
 
 
 @dataclass
@@ -38,6 +42,7 @@ class Completion:
     text: str  # decode(completion_ids), special tokens other than EOS kept (<think>, <tool_call>)
     finish_reason: str  # "stop" | "length"
     weight_version: str
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per token, when asked for
 
 
 class TokenBackend(Protocol):

@@ -3,12 +3,15 @@
 The proxy forwards every harness call to the upstream; a general client (httpx) costs
 several hundred microseconds per request, which alone would cap the proxy well below the
 throughput it is meant to reach. This one does only what the proxy needs: POST/GET with a
-JSON body to one host, keep-alive pooling, whole-body or streamed responses, timeouts.
+JSON body to one host, keep-alive pooling, whole-body or streamed responses, timeouts, and TLS
+for an `https://` upstream (a hosted teacher, a vLLM behind a TLS terminator) with certificate
+and host-name verification against the system store or a given CA file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -130,19 +133,27 @@ class _Conn(asyncio.Protocol):
         self.transport.write(data)
 
 
-class Pool:
-    """Keep-alive connections to one `http://host:port` base URL. `api_key`: sent as a bearer
-    token on every request (the harness's own Authorization header is never forwarded)."""
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """Verifying client context: the system's CA store, or only `ca_file` when given."""
+    return ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
 
-    def __init__(self, base_url: str, timeout: float = 600.0, max_idle: int = 512, api_key: str | None = None) -> None:
+
+class Pool:
+    """Keep-alive connections to one `http[s]://host[:port][/prefix]` base URL. `api_key`: sent
+    as a bearer token on every request (the harness's own Authorization header is never forwarded)."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0, max_idle: int = 512, ca_file: str | None = None,
+                 api_key: str | None = None) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"upstream URL must be http://host[:port][/prefix], got {base_url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream URL must be http[s]://host[:port][/prefix], got {base_url!r}")
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.tls = tls_context(ca_file) if parts.scheme == "https" else None
+        self.port = parts.port or (443 if self.tls else 80)
         self.prefix = parts.path.rstrip("/")
         self.timeout = timeout
-        self._host_header = f"{self.host}:{self.port}".encode()
+        default_port = self.port == (443 if self.tls else 80)
+        self._host_header = (self.host if default_port else f"{self.host}:{self.port}").encode()
         self._auth_header = f"Authorization: Bearer {api_key}".encode() if api_key else None
         self._idle: deque[_Conn] = deque()
         self._max_idle = max_idle
@@ -156,8 +167,11 @@ class Pool:
                 return conn
         try:
             _, conn = await asyncio.wait_for(
-                self.loop.create_connection(lambda: _Conn(self), self.host, self.port), self.timeout
+                self.loop.create_connection(lambda: _Conn(self), self.host, self.port, ssl=self.tls), self.timeout
             )
+        except ssl.SSLCertVerificationError as exc:
+            raise UpstreamConnectionError(f"TLS certificate of upstream {self.host}:{self.port} not trusted: "
+                                          f"{exc.verify_message} (give its CA with --upstream-ca)") from exc
         except (OSError, asyncio.TimeoutError) as exc:
             raise UpstreamConnectionError(f"cannot connect to upstream {self.host}:{self.port}: {exc}") from exc
         return conn

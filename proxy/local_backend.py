@@ -65,7 +65,10 @@ class LocalBackend:
         self._version = _version_in(path) or "base"
         # transformers 5.x renamed the KV-cache argument and output from `past_key_values` to `cache`
         self._cache_arg = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
-        self.model_name = model_name or str(model_path)
+        # the served name is the directory's (an absolute path as model id breaks SDKs that parse
+        # provider/model); requests may name either, and records keep the path (`model_path`)
+        self.model_name = model_name or path.resolve().name
+        self.model_path = str(path.resolve())
 
         eos = self._model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
@@ -83,6 +86,10 @@ class LocalBackend:
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._model.config.vocab_size)
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids` as the backend reports it: special tokens kept, no space clean-up."""
@@ -120,13 +127,17 @@ class LocalBackend:
                 f"and max_tokens is {params.max_tokens}", code="context_length_exceeded"
             )
 
-    @staticmethod
-    def _sample(logits, params: SamplingParams, generator) -> tuple[int, float]:
+    def _sample(self, logits, params: SamplingParams, generator) -> tuple[int, float, list | None]:
+        """A token, its log-prob and the top-k alternatives, all under the distribution it is
+        drawn from (after the constraint's mask, temperature and top-p)."""
         import torch
 
+        if params.constraint is not None:
+            params.constraint.mask(logits)
         if params.temperature < GREEDY_BELOW:
             token = int(torch.argmax(logits))
-            return token, float(torch.log_softmax(logits, -1)[token])
+            logprobs = torch.log_softmax(logits, -1)
+            return token, float(logprobs[token]), self._top(logprobs, params.top_logprobs)
         logits = logits / params.temperature
         if params.top_p < 1:
             # Keep the smallest set of most likely tokens whose mass reaches top_p (always the first).
@@ -136,7 +147,15 @@ class LocalBackend:
             logits = torch.full_like(logits, -math.inf).scatter(0, order, ordered)
         logprobs = torch.log_softmax(logits, -1)
         token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
-        return token, float(logprobs[token])
+        return token, float(logprobs[token]), self._top(logprobs, params.top_logprobs)
+
+    def _top(self, logprobs, k: int) -> list[tuple[str, float]] | None:
+        if not k:
+            return None
+        import torch
+
+        values, ids = torch.topk(logprobs, k)
+        return [(self.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
 
     def _visible(self, text: str, stops: list[str]) -> str:
         """The part of `text` that can no longer change or be cut by a stop string."""
@@ -160,6 +179,7 @@ class LocalBackend:
             stops = [s for s in params.stop if s]
             ids: list[int] = []
             logprobs: list[float] = []
+            tops: list[list[tuple[str, float]]] = []
             streamed = ""
             finish = "length"
             text = ""
@@ -170,9 +190,13 @@ class LocalBackend:
                     break
                 out = model(input_ids=inputs, use_cache=True, **{self._cache_arg: cache})
                 cache = out[self._cache_arg]
-                token, logprob = self._sample(out.logits[0, -1].float(), params, generator)
+                token, logprob, top = self._sample(out.logits[0, -1].float(), params, generator)
+                if params.constraint is not None:
+                    params.constraint.accept(token)
                 ids.append(token)
                 logprobs.append(logprob)
+                if top is not None:
+                    tops.append(top)
                 inputs = torch.tensor([[token]], device=self._device)
                 last = step == params.max_tokens - 1
                 if token in self.eos_token_ids:
@@ -186,11 +210,12 @@ class LocalBackend:
                 delta = shown[len(streamed):] if shown.startswith(streamed) else ""
                 streamed += delta
                 if emit is not None:
-                    emit(TokenDelta(token_id=token, logprob=logprob, text=delta))
+                    emit(TokenDelta(token_id=token, logprob=logprob, text=delta, top=top))
                 if last:
                     break
             return Completion(prompt_ids=list(prompt_ids), completion_ids=ids, logprobs=logprobs, text=text,
-                              finish_reason=finish, weight_version=version)
+                              finish_reason=finish, weight_version=version,
+                              top_logprobs=tops if params.top_logprobs else None)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         self._check(prompt_ids, params)
@@ -231,6 +256,37 @@ class LocalBackend:
                     return
         finally:
             cancelled.set()
+
+    async def embed(self, batch: list[list[int]]) -> list[list[float]]:
+        """Per input: the mean of the last hidden states over its tokens."""
+        limit = getattr(self._model.config, "max_position_embeddings", None)
+        for i, ids in enumerate(batch):
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise BackendRejected(f"input[{i}]: token ids must be integers in [0, {self.vocab_size})",
+                                      param="input")
+            if limit and len(ids) > limit:
+                raise BackendRejected(f"input[{i}] has {len(ids)} tokens; this model's maximum context length is "
+                                      f"{limit}", param="input", code="context_length_exceeded")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self._embed, batch)
+
+    def _embed(self, batch: list[list[int]], chunk: int = 32) -> list[list[float]]:
+        import torch
+
+        out: list[list[float]] = []
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(batch), chunk):
+                part = batch[start:start + chunk]
+                width = max(len(ids) for ids in part)
+                # right padding: a causal model's states of real tokens never see the padding
+                ids = torch.zeros((len(part), width), dtype=torch.long, device=self._device)
+                mask = torch.zeros((len(part), width), dtype=torch.long, device=self._device)
+                for i, row in enumerate(part):
+                    ids[i, :len(row)] = torch.tensor(row, device=self._device)
+                    mask[i, :len(row)] = 1
+                hidden = self._model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+                m = mask.unsqueeze(-1).to(hidden.dtype)
+                out.extend(((hidden * m).sum(1) / m.sum(1)).float().cpu().tolist())
+        return out
 
     def reload(self, checkpoint_dir: str, version: str | None = None) -> str:
         """Swap in weights from `checkpoint_dir`: a full checkpoint (`save_pretrained`) or a PEFT

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from harnessrl.proxy.errors import ProxyError
+from harnessrl.proxy.fanout import check_best_of
 from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.serving import Adapter
 from harnessrl.proxy.validate import check_chat, check_completion
@@ -34,14 +35,21 @@ def sse_error(err: ProxyError) -> bytes:
     return b"data: " + err.body() + b"\n\n"
 
 
-def chat_logprobs(pairs: Any) -> dict:
-    """`choices[].logprobs` of a chat response or chunk from (token text, log-prob) pairs."""
-    return {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in pairs]}
+def _alt(t: str, lp: float) -> dict:
+    return {"token": t, "logprob": lp, "bytes": list(t.encode())}
 
 
-def text_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
-    """`choices[].logprobs` of a Completions response."""
-    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": None}
+def chat_logprobs(pairs: Any, tops: list | None = None) -> dict:
+    """`choices[].logprobs` of a chat response or chunk from (token text, log-prob) pairs and,
+    when asked for, each token's top-k alternatives."""
+    return {"content": [{**_alt(t, lp), "top_logprobs": [_alt(a, alp) for a, alp in tops[i]] if tops else []}
+                        for i, (t, lp) in enumerate(pairs)]}
+
+
+def text_logprobs(tokens: list[str], logprobs: list[float], tops: list | None = None) -> dict:
+    """`choices[].logprobs` of a Completions response or chunk."""
+    return {"tokens": tokens, "token_logprobs": list(logprobs),
+            "top_logprobs": [dict(alts) for alts in tops] if tops else None, "text_offset": None}
 
 
 class _Wire:
@@ -73,10 +81,13 @@ class ChatWire(_Wire):
     def response(self, result: Result) -> dict:
         if result.raw is not None:
             return result.raw
-        lp = (chat_logprobs(zip(result.tokens, result.logprobs or ()))
+        lp = (chat_logprobs(list(zip(result.tokens, result.logprobs or ())), result.top_logprobs)
               if self.req.logprobs and result.tokens is not None else None)
         choice = {"index": 0, "message": result.message, "finish_reason": result.finish_reason, "logprobs": lp}
-        return {**self.head, "object": "chat.completion", "choices": [choice], "usage": result.usage}
+        out = {**self.head, "object": "chat.completion", "choices": [choice], "usage": result.usage}
+        if self.req.token_ids:  # vLLM's fields, for a harness that asked for them
+            out["prompt_token_ids"], choice["token_ids"] = result.prompt_ids, result.completion_ids
+        return out
 
     def _chunk(self, d: Delta) -> dict:
         if d.usage is not None:
@@ -90,9 +101,11 @@ class ChatWire(_Wire):
             delta["reasoning"] = d.reasoning
         if d.tool_calls:
             delta["tool_calls"] = d.tool_calls
-        lp = chat_logprobs(d.logprobs) if d.logprobs is not None else None
-        return {**self.head, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}]}
+        lp = chat_logprobs(d.logprobs, d.top_logprobs) if d.logprobs is not None else None
+        choice = {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason}
+        out = {**self.head, "object": "chat.completion.chunk", "choices": [choice]}
+        _ids(out, choice, d)
+        return out
 
 
 class TextWire(_Wire):
@@ -105,16 +118,32 @@ class TextWire(_Wire):
     def response(self, result: Result) -> dict:
         if result.raw is not None:
             return result.raw
-        lp = (text_logprobs(result.tokens, result.logprobs or [])
+        lp = (text_logprobs(result.tokens, result.logprobs or [], result.top_logprobs)
               if self.req.logprobs and result.tokens is not None else None)
-        return {**self.head, "choices": [{"index": 0, "text": result.text, "finish_reason": result.finish_reason,
-                                          "logprobs": lp}], "usage": result.usage}
+        choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason, "logprobs": lp}
+        if self.req.token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = result.prompt_ids, result.completion_ids
+        return {**self.head, "choices": [choice], "usage": result.usage}
 
     def _chunk(self, d: Delta) -> dict:
         if d.usage is not None:
             return {**self.head, "choices": [], "usage": d.usage}
-        return {**self.head, "choices": [{"index": 0, "text": d.content or "", "finish_reason": d.finish_reason,
-                                          "logprobs": None}]}
+        lp = (text_logprobs([t for t, _ in d.logprobs], [v for _, v in d.logprobs], d.top_logprobs)
+              if d.logprobs is not None else None)
+        choice = {"index": d.index, "text": d.content or "", "finish_reason": d.finish_reason, "logprobs": lp}
+        if d.token_ids is not None:
+            choice["token_ids"] = d.token_ids
+        if d.prompt_ids is not None:
+            choice["prompt_token_ids"] = d.prompt_ids
+        return {**self.head, "choices": [choice]}
+
+
+def _ids(out: dict, choice: dict, d: Delta) -> None:
+    """vLLM's token-id fields on a chat chunk (prompt ids at the top of the first)."""
+    if d.token_ids is not None:
+        choice["token_ids"] = d.token_ids
+    if d.prompt_ids is not None:
+        out["prompt_token_ids"] = d.prompt_ids
 
 
 def _chat_request(body: dict) -> Request:
@@ -124,6 +153,7 @@ def _chat_request(body: dict) -> Request:
 
 def _text_request(body: dict) -> Request:
     check_completion(body)
+    check_best_of(body)
     return Request(body, chat=False)
 
 

@@ -38,7 +38,29 @@ class Request:
 
     @property
     def tools(self) -> list[dict] | None:
-        return self.body.get("tools")
+        """The tools the model is shown: none under `tool_choice: "none"` (hidden, as OpenAI does)."""
+        return None if self.body.get("tool_choice") == "none" else self.body.get("tools")
+
+    @property
+    def n(self) -> int:
+        """How many choices the harness gets back (each sample is its own call record)."""
+        return int(self.body.get("n") or 1)
+
+    @property
+    def best_of(self) -> int:
+        """How many samples to draw (Completions `best_of`; the n most likely are returned)."""
+        return max(int(self.body.get("best_of") or 1), self.n) if not self.chat else self.n
+
+    @property
+    def top_logprobs(self) -> int:
+        """How many alternatives per token the harness asked for (0: none)."""
+        k = self.body.get("top_logprobs") if self.chat else self.body.get("logprobs")
+        return int(k or 0) if self.logprobs else 0
+
+    @property
+    def token_ids(self) -> bool:
+        """Whether the harness asked for token ids back (vLLM's `return_token_ids`)."""
+        return bool(self.body.get("return_token_ids"))
 
     @property
     def logprobs(self) -> bool:
@@ -65,17 +87,21 @@ class Prompt:
 
 @dataclass(slots=True)
 class Delta:
-    """A piece of a streamed answer (choice 0)."""
+    """A piece of a streamed answer (of choice `index`)."""
 
     role: str | None = None
     content: str | None = None  # chat: content text; completions: text
     reasoning: str | None = None
     tool_calls: list[dict] | None = None  # OpenAI streamed tool-call pieces ({index, id, type, function})
     logprobs: list[tuple[str, float]] | None = None  # (token text, log-prob), when the harness asked
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per token: its top-k (text, log-prob)
+    token_ids: list[int] | None = None  # this piece's token ids, when the harness asked (`return_token_ids`)
+    prompt_ids: list[int] | None = None  # on a stream's first delta, when the harness asked for token ids
     finish_reason: str | None = None
     usage: dict | None = None
     terminal: bool = False  # held back (with all that follows) until the call is recorded
     raw: dict | None = None  # the upstream's own OpenAI chunk, stripped: OpenAI adapters send it as is
+    index: int = 0  # the choice (n > 1)
 
 
 @dataclass(slots=True)
@@ -91,6 +117,7 @@ class Result:
     logprobs: list[float] | None = None
     weight_version: str | None = None
     tokens: list[str] | None = None  # per completion token text, when the harness asked for log-probs
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per completion token: top-k (text, log-prob)
     drift: bool | None = None  # set when only the answer tells (an upstream's own rendering)
     raw: dict | None = None  # the upstream's own OpenAI body, stripped: OpenAI adapters send it as is
 

@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenBackend, TokenDelta
+from harnessrl.proxy.constrained import Constrainer
+from harnessrl.proxy.contract import check_text_only, developer_as_system, map_developer
 from harnessrl.proxy.errors import BackendRejected, ProxyError
 from harnessrl.proxy.prefix import Prompter, Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
 from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
 
 
-def sampling(body: dict, default_max_tokens: int) -> SamplingParams:
+def sampling(body: dict, default_max_tokens: int, top_logprobs: int = 0) -> SamplingParams:
     stop = body.get("stop") or []
     return SamplingParams(
         max_tokens=body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens,
@@ -23,6 +25,7 @@ def sampling(body: dict, default_max_tokens: int) -> SamplingParams:
         top_p=1.0 if body.get("top_p") is None else float(body["top_p"]),
         seed=body.get("seed"),
         stop=[stop] if isinstance(stop, str) else list(stop),
+        top_logprobs=top_logprobs,
     )
 
 
@@ -35,6 +38,11 @@ class TokenRoute:
         self.default_max_tokens = default_max_tokens
         self.eos_ids: frozenset[int] = frozenset(
             getattr(backend, "eos_token_ids", None) or [self.tok.eos_token_id])
+        self.model_path: str | None = getattr(backend, "model_path", None)
+        self._developer_as_system = developer_as_system(self.tok.chat_template)
+        # the local backend enforces response_format / tool_choice itself; an upstream is sent them
+        self._local = hasattr(backend, "vocab_size")
+        self._constrainer: Constrainer | None = None
 
     def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
@@ -42,8 +50,11 @@ class TokenRoute:
             if isinstance(p, list) and isinstance(p[0], str):
                 p = p[0]
             return Prompt("raw", ids=self.tok.encode(p) if isinstance(p, str) else p)
+        check_text_only(req.messages, self.model_name)
+        self._grammar(req.body)  # a field it cannot enforce is a 400 before the model runs
+        messages = map_developer(req.messages) if self._developer_as_system else req.messages
         try:
-            plan = self.prompter.plan(req.messages, req.tools, turn)
+            plan = self.prompter.plan(messages, req.tools, turn)
         except ProxyError:
             raise
         except Exception as exc:  # noqa: BLE001 - e.g. a template that rejects the messages
@@ -51,17 +62,37 @@ class TokenRoute:
                                   code="template_error") from None
         return Prompt(plan.path, plan.prefix_call_id, plan.drift, plan.ids, turn)
 
+    def _grammar(self, body: dict):
+        if not self._local or (body.get("response_format") is None
+                               and body.get("tool_choice") in (None, "auto", "none")):
+            return None
+        if self._constrainer is None:
+            self._constrainer = Constrainer(self.tok, self.backend.vocab_size, self.eos_ids)  # type: ignore[attr-defined]
+        return self._constrainer.compiled(body)
+
+    def _params(self, req: Request) -> SamplingParams:
+        params = sampling(req.body, self.default_max_tokens, req.top_logprobs)
+        if req.chat and self._local:
+            compiled = self._grammar(req.body)
+            if compiled is not None:
+                params.constraint = self._constrainer.constraint(compiled)  # type: ignore[union-attr]
+        elif req.chat and req.body.get("response_format") is not None:
+            params.upstream_fields["response_format"] = req.body["response_format"]
+        return params
+
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        comp = await self.backend.generate(prompt.ids, sampling(req.body, self.default_max_tokens))
+        comp = await self.backend.generate(prompt.ids, self._params(req))
         tokens = [self.tok.decode([t]) for t in comp.completion_ids] if req.logprobs else None
         return self._result(req, comp, tokens)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        items = self.backend.stream(prompt.ids, sampling(req.body, self.default_max_tokens))
+        items = self.backend.stream(prompt.ids, self._params(req))
         first = await anext(items)  # a rejected prompt fails here, before the 200
-        lead = [Delta(role="assistant", content="")] if req.chat else []
+        want_ids = req.token_ids
+        lead = [Delta(role="assistant", content="", prompt_ids=prompt.ids if want_ids else None)] if req.chat else []
         tools = req.chat and self._tool_parsing(req)
-        want_lp = req.chat and req.logprobs
+        want_lp = req.logprobs
+        first_ids = prompt.ids if want_ids and not req.chat else None
         text, sent = "", 0
         comp: Completion | None = None
         item: TokenDelta | Completion | None = first
@@ -72,10 +103,12 @@ class TokenRoute:
             text += item.text
             upto = streamable_prefix(text) if tools else len(text)
             out = lead
-            if upto > sent or want_lp:
-                lp = [(item.text, item.logprob)] if want_lp else None
-                out = [*lead, Delta(content=text[sent:upto], logprobs=lp)]
-                sent = max(sent, upto)
+            if upto > sent or want_lp or want_ids:
+                lp = [(self.tok.decode([item.token_id]), item.logprob)] if want_lp else None
+                top = [item.top] if want_lp and item.top is not None else None
+                out = [*lead, Delta(content=text[sent:upto], logprobs=lp, top_logprobs=top,
+                                    token_ids=[item.token_id] if want_ids else None, prompt_ids=first_ids)]
+                sent, first_ids = max(sent, upto), None
             if out:
                 yield out
             lead = []
@@ -101,12 +134,13 @@ class TokenRoute:
         return tail
 
     def _tool_parsing(self, req: Request) -> bool:
-        return bool(req.tools) and req.body.get("tool_choice") != "none"
+        return bool(req.tools)  # none under tool_choice "none": the model was not shown them
 
     def _result(self, req: Request, comp: Completion, tokens: list[str] | None) -> Result:
         u = usage(len(comp.prompt_ids), len(comp.completion_ids))
         common: dict[str, Any] = dict(usage=u, prompt_ids=comp.prompt_ids, completion_ids=comp.completion_ids,
-                                      logprobs=comp.logprobs, weight_version=comp.weight_version, tokens=tokens)
+                                      logprobs=comp.logprobs, weight_version=comp.weight_version, tokens=tokens,
+                                      top_logprobs=comp.top_logprobs if tokens is not None else None)
         if not req.chat:
             return Result(text=comp.text, finish_reason=comp.finish_reason, **common)
         content, calls = parse_hermes(comp.text) if self._tool_parsing(req) else (comp.text, [])

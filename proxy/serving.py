@@ -56,11 +56,16 @@ class Serving:
         self.index = PrefixIndex()
 
     async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire) -> Response:
+        if req.endpoint == "embeddings":
+            from harnessrl.proxy.embeddings import serve_embeddings
+
+            return await serve_embeddings(self, req, ident, call_id)
+        if req.best_of > 1:
+            from harnessrl.proxy.fanout import handle_n
+
+            return await handle_n(self, req, ident, call_id, wire)
         t0 = time.perf_counter()
-        body = req.body
-        rec = CallRecord(id=call_id, rollout_id=ident.rollout, session_id=ident.session, agent=ident.agent,
-                         parent_call_id=ident.parent_call, endpoint=req.endpoint, model=body.get("model"),
-                         stream=req.stream, request=body, created_at=time.time())
+        rec = self.record(req, ident, call_id)
         headers = {"x-harnessrl-call": call_id}
         try:
             turn = self.index.find(_key(ident), req.messages, req.tools) if req.chat else None
@@ -83,6 +88,14 @@ class Serving:
             return error_response(err, headers)
         self._remember(rec, ident, req, result)
         return Response(orjson.dumps(data), 200, headers, "application/json")
+
+    def record(self, req: Request, ident: Identity, call_id: str) -> CallRecord:
+        """A call's record before it runs. `model` is the checkpoint that serves it when the
+        route knows one (the local backend's directory: compile finds the tokenizer there)."""
+        return CallRecord(id=call_id, rollout_id=ident.rollout, session_id=ident.session, agent=ident.agent,
+                          parent_call_id=ident.parent_call, endpoint=req.endpoint,
+                          model=getattr(self.route, "model_path", None) or req.body.get("model"),
+                          stream=req.stream, request=req.body, created_at=time.time())
 
     async def _relay(self, req: Request, ident: Identity, rec: CallRecord, wire: Wire, first: list[Delta] | Result,
                      events: AsyncGenerator[list[Delta] | Result, None], t0: float) -> AsyncIterator[bytes]:

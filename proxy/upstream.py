@@ -29,6 +29,7 @@ class Wants:
     logprobs: bool
     usage_chunk: bool
     reasoning: bool
+    token_ids: bool = False  # `return_token_ids`: the harness gets vLLM's id fields too
 
 
 def prepare(req: dict, chat: bool) -> tuple[bytes, Wants]:
@@ -42,6 +43,7 @@ def prepare(req: dict, chat: bool) -> tuple[bytes, Wants]:
         wants = Wants(req.get("logprobs") is not None, _include_usage(req), True)
         if req.get("logprobs") is None:
             body["logprobs"] = 0
+    wants.token_ids = bool(req.get("return_token_ids"))
     body["return_token_ids"] = True
     body["return_weight_versions"] = True
     if req.get("stream"):
@@ -107,7 +109,7 @@ def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
     ex = Extract(usage=resp.get("usage"))
     choices = resp.get("choices") or []
     if chat:
-        ex.prompt_ids = resp.pop("prompt_token_ids", None)
+        ex.prompt_ids = resp.get("prompt_token_ids") if wants.token_ids else resp.pop("prompt_token_ids", None)
     for i, ch in enumerate(choices):
         if i == 0:
             if not chat:
@@ -144,8 +146,9 @@ def checked(ex: Extract) -> Extract:
 
 
 def _strip_choice(ch: dict, wants: Wants, chat: bool, msg_key: str) -> None:
-    ch.pop("token_ids", None)
-    ch.pop("prompt_token_ids", None)
+    if not wants.token_ids:
+        ch.pop("token_ids", None)
+        ch.pop("prompt_token_ids", None)
     ch.pop("weight_versions", None)
     if not wants.logprobs:
         ch["logprobs"] = None
@@ -178,7 +181,7 @@ class StreamAssembler:
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
         if self.chat and "prompt_token_ids" in chunk:
-            ids = chunk.pop("prompt_token_ids")
+            ids = chunk.get("prompt_token_ids") if self.wants.token_ids else chunk.pop("prompt_token_ids")
             if ids is not None:
                 self.ex.prompt_ids = ids
         if chunk.get("usage"):

@@ -28,7 +28,7 @@ class UpstreamTokens:
     def _body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> bytes:
         body: dict[str, Any] = {
             "model": self.model_name, "prompt": prompt_ids, "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
+            "temperature": params.temperature, "top_p": params.top_p, "logprobs": params.top_logprobs,
             "return_token_ids": True, "return_weight_versions": True,
             # tool-call tags are special tokens in many tokenizers: keep them in the text
             "skip_special_tokens": False, "stream": stream,
@@ -37,6 +37,7 @@ class UpstreamTokens:
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = params.stop
+        body.update(params.upstream_fields)  # vLLM enforces response_format itself
         return orjson.dumps(body)
 
     def _text(self, ids: list[int]) -> str:
@@ -44,7 +45,7 @@ class UpstreamTokens:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _completion(self, prompt_ids, ids, lps, finish, version) -> Completion:
+    def _completion(self, prompt_ids, ids, lps, finish, version, tops=None) -> Completion:
         try:
             checked(Extract(completion_ids=ids, logprobs=lps))
         except ValueError as exc:
@@ -53,7 +54,7 @@ class UpstreamTokens:
             raise UpstreamMalformed(f"{len(ids)} token ids but {len(lps)} log-probs")
         if version:
             self.weight_version = version
-        return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", self.weight_version)
+        return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", self.weight_version, tops)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         resp = await self.pool.request("POST", "/v1/completions", self._body(prompt_ids, params, False))
@@ -63,9 +64,10 @@ class UpstreamTokens:
             ch = orjson.loads(resp.body)["choices"][0]
             ids, lps = ch["token_ids"], ch["logprobs"]["token_logprobs"]
             finish, version = ch.get("finish_reason"), weight_version_of(ch.get("weight_versions"))
+            tops = _tops(ch["logprobs"]) if params.top_logprobs else None
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(f"{type(exc).__name__}: {exc}") from None
-        return self._completion(prompt_ids, ids, lps, finish, version)
+        return self._completion(prompt_ids, ids, lps, finish, version, tops)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta | Completion]:
         resp, chunks = await self.pool.stream("POST", "/v1/completions", self._body(prompt_ids, params, True))
@@ -79,9 +81,10 @@ class UpstreamTokens:
             for payload in sse_events(buf, data):
                 if payload == b"[DONE]":
                     continue
-                for new_ids, new_lps, text, ch_finish, ch_version in self._chunk(payload):
+                for new_ids, new_lps, text, ch_finish, ch_version, new_tops in self._chunk(payload):
                     for j, (tid, lp) in enumerate(zip(new_ids, new_lps)):
-                        yield TokenDelta(tid, lp, text if j == 0 else "")
+                        yield TokenDelta(tid, lp, text if j == 0 else "",
+                                         new_tops[j] if params.top_logprobs and j < len(new_tops) else None)
                     ids += new_ids
                     lps += new_lps
                     finish = ch_finish or finish
@@ -96,7 +99,14 @@ class UpstreamTokens:
                 ex = checked(Extract(completion_ids=ch.get("token_ids") or [],
                                      logprobs=(ch.get("logprobs") or {}).get("token_logprobs") or []))
                 out.append((ex.completion_ids, ex.logprobs, (ch.get("text") or "").replace(self._eos_text, ""),
-                            ch.get("finish_reason"), weight_version_of(ch.get("weight_versions"))))
+                            ch.get("finish_reason"), weight_version_of(ch.get("weight_versions")),
+                            _tops(ch.get("logprobs") or {})))
             return out
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
+
+
+def _tops(logprobs: dict) -> list[list[tuple[str, float]]]:
+    """Completions `top_logprobs` (one {token text: log-prob} per token) as (text, log-prob) lists."""
+    return [sorted(((str(t), float(v)) for t, v in (alts or {}).items()), key=lambda a: -a[1])
+            for alts in logprobs.get("top_logprobs") or []]

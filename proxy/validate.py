@@ -67,7 +67,8 @@ def _stop(v: Any) -> bool:
 
 
 def _logit_bias(v: Any) -> bool:
-    return isinstance(v, dict) and all(k.isascii() and k.isdigit() and _is_num(b) and -100 <= b <= 100 for k, b in v.items())
+    return isinstance(v, dict) and all(k.isascii() and k.isdigit() and _is_num(b) and -100 <= b <= 100
+                                       for k, b in v.items())
 
 
 def _check_common(req: dict) -> None:
@@ -82,7 +83,7 @@ def _check_common(req: dict) -> None:
         ("frequency_penalty", lambda v: _is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
         ("logit_bias", _logit_bias, "an object mapping token ids to numbers in [-100, 100]"),
         ("seed", _is_int, "an integer"),
-        ("n", lambda v: v == 1 and _is_int(v), "1 (send n separate requests to record n samples)"),
+        ("n", lambda v: _is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
         ("stop", _stop, "a string or a list of at most 4 strings"),
         ("stream_options", lambda v: isinstance(v, dict) and v.get("include_usage") in (None, True, False),
          "an object (include_usage: a boolean)"),

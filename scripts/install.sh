@@ -3,6 +3,7 @@
 #   VENV    where (default .venv)
 #   PYTHON  the interpreter (default python3.11; any of requires-python's 3.11–3.13 works)
 #   EXTRAS  extras to install (default dev,examples; CI's second-interpreter venv uses dev)
+#   MITM    1 (default): also make .venv-mitm, mitmproxy's own venv for `harnessrl intercept`/`run`
 # On a machine without an NVIDIA GPU, torch==2.13.0 goes in first: pip takes the CPU build where
 # one is on its indexes or find-links (this machine has the cp311 one), else PyPI's build, whose
 # CUDA libraries (several GB) are only loaded on a GPU. With a GPU, pip resolves torch from the
@@ -36,5 +37,18 @@ if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null && command
   echo "installing Chromium from the Debian packages (browser tests of the trace viewer)"
   { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
     || echo "Chromium could not be installed: the browser tests will be skipped"
+fi
+# mitmproxy in its own venv: its pins (h11, ...) clash with this project's HTTP stack. It runs as a
+# program (`harnessrl intercept` finds .venv-mitm/bin/mitmdump), never imported. mitmproxy 12 needs
+# Python 3.12, so a 3.12 interpreter is preferred; on 3.11 pip takes mitmproxy 11.
+if [ "${MITM:-1}" = 1 ] && ! .venv-mitm/bin/mitmdump --version >/dev/null 2>&1; then
+  MITM_PYTHON=""
+  for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 "$PYTHON"; do
+    if "$c" -c "import sys; assert sys.version_info >= (3, 11)" 2>/dev/null; then MITM_PYTHON=$c; break; fi
+  done
+  rm -rf .venv-mitm
+  "$MITM_PYTHON" -m venv .venv-mitm
+  .venv-mitm/bin/python -m pip install -q "mitmproxy>=11.0.2,<13"
+  echo "mitmproxy installed in .venv-mitm ($(.venv-mitm/bin/mitmdump --version | head -1))"
 fi
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" -V))"

@@ -127,7 +127,7 @@ def test_bad_inputs_get_openai_errors_and_write_nothing(upstream, db_target):
             (_post(chat, b'{"model": "m", "messages": [{"role": "user", "content": 5}]}'), 400, "invalid_type"),
             (_post(chat, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}'),
              400, "invalid_type"),
-            (_post(chat, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}'), 400,
+            (_post(chat, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}'), 400,
              "invalid_type"),
             (_post(chat, b'{"model": 3, "messages": [{"role": "user", "content": "x"}]}'), 400, "invalid_type"),
             (_post(proxy.url + "/v1/completions", b'{"model": "m", "prompt": [1, "a"]}'), 400, "invalid_type"),

@@ -7,7 +7,8 @@ What it mimics (vLLM >= 0.10.2 plus the weight-version extension):
   hermes tool calls parsed into `tool_calls`, `weight_versions: [{version, start, end}]` per choice
   when `return_weight_versions` (streams: on the terminal chunk), usage chunk on `include_usage`;
 - completions: string or token-id prompt, `choices[].prompt_token_ids` / `token_ids`,
-  `logprobs.token_logprobs`, `skip_special_tokens`.
+  `logprobs.token_logprobs`, `skip_special_tokens`;
+- embeddings: a deterministic 8-float vector per input (string or token ids).
 
 It "samples" like a model rather than a tokenizer: completion ids are the reply tokenized in
 3-character pieces and tool-call JSON is written compactly, so re-rendering the reply through
@@ -249,6 +250,21 @@ class StandIn:
             yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(prompt, ids)}) + b"\n\n"
         yield b"data: [DONE]\n\n"
 
+    async def embeddings(self, request: Request) -> Response:
+        """A deterministic 8-dimensional vector per input (floats only, as vLLM's default)."""
+        req = orjson.loads(await request.body())
+        x = req["input"]
+        inputs = [x] if isinstance(x, str) or (x and isinstance(x[0], int)) else x
+        data, n = [], 0
+        for i, item in enumerate(inputs):
+            ids = self.tok.encode(item) if isinstance(item, str) else list(item)
+            n += len(ids)
+            h = zlib.crc32(str(ids).encode())
+            data.append({"object": "embedding", "index": i, "embedding": [((h >> k) % 97) / 97.0 for k in range(8)]})
+        return Response(orjson.dumps({"object": "list", "data": data, "model": req.get("model") or "standin",
+                                      "usage": {"prompt_tokens": n, "total_tokens": n}}),
+                        media_type="application/json")
+
     async def _hooks(self, model: str) -> Response | None:
         if model == "fail-500":
             return _err(500, "injected upstream failure", "InternalServerError")
@@ -300,6 +316,7 @@ def create_app(tokenizer_dir: str, api_key: str | None = None) -> FastAPI:
 
     app.add_route("/v1/chat/completions", s.chat, methods=["POST"])
     app.add_route("/v1/completions", s.completions, methods=["POST"])
+    app.add_route("/v1/embeddings", s.embeddings, methods=["POST"])
 
     async def models(_request: Request) -> Response:
         return Response(orjson.dumps({"object": "list", "data": [{"id": "standin", "object": "model"}]}),

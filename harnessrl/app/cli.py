@@ -12,6 +12,7 @@ from rich.console import Console
 
 import harnessrl
 from harnessrl.algorithms import algo_help
+from harnessrl.app import cli_tracing
 from harnessrl.app.harnesses import harness_help
 from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
@@ -69,7 +70,16 @@ def db_upgrade(
 
 @app.command("loop")
 def loop(
-    harness: str = typer.Option(..., help=harness_help()),
+    harness: str = typer.Option(None, help=harness_help()),
+    cmd: str = typer.Option(None, "--cmd", help="Instead of --harness: a shell line run per task and sample, with "
+                            "{task} (JSON file: id, input), {task_id}, {base_url}, {rollout}, {temperature}; "
+                            "needs --tasks."),
+    reward: str = typer.Option(None, "--reward", help="Compile-time outcome reward against the tasks' references "
+                               "(f1 | exact_match | contains | module:fn); default: the reported outcome."),
+    reward_from: str = typer.Option(None, "--reward-from", help="--cmd's outcome: exit-code | stdout-json | file "
+                                    "(at $HARNESSRL_REWARD_FILE); default: what the program reported itself."),
+    intercept: bool = typer.Option(False, "--intercept/--no-intercept", help="--cmd: route hard-coded LLM API "
+                                   "hosts through mitmproxy (.venv-mitm)."),
     model: Path = typer.Option(..., help="Model directory the first round starts from."),
     algo: str = typer.Option("grpo", help=algo_help()),
     rounds: int = typer.Option(2, help="Rounds of rollouts → compile → train → push → eval."),
@@ -90,7 +100,8 @@ def loop(
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
     from harnessrl.app.loop import LoopConfig, run_loop
 
-    run_loop(LoopConfig(harness=harness, algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
+    run_loop(LoopConfig(harness=harness or "", cmd=cmd, reward=reward, reward_from=reward_from, intercept=intercept,
+                        algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
                         batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed))
 
@@ -116,6 +127,7 @@ def _viewer(db: str, tokenizer: str | None):
 
 
 proxy_cli.register(app, ui=_viewer)
+cli_tracing.register(app)
 for _part in (compiler_cli, trainer_cli, viewer_cli):
     _part.register(app)
 

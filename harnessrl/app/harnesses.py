@@ -10,6 +10,7 @@ Loaders import their harness when called, so the registry (and `harnessrl --help
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ class HarnessTasks:
     run: Runner
     task_id: Callable[[Any], str]
     tasks_file: Path | None = None  # `harnessrl tasks import` JSONL with references / expert traces
+    # what the harness needs for as long as the loop's proxy runs (entered with its URL): `loop --cmd --intercept`'s mitmdump
+    around: Callable[[str], AbstractContextManager] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Harness:
     load: Callable[[TaskSource], HarnessTasks]
 
 
-def _split(tasks: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
+def split_tasks(tasks: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
     n_eval = max(1, round(len(tasks) * eval_fraction)) if len(tasks) > 1 else 0
     return tasks[: len(tasks) - n_eval], tasks[len(tasks) - n_eval:]
 
@@ -59,7 +62,7 @@ def _lookup(src: TaskSource) -> HarnessTasks:
 
     all_tasks = lookup_tasks.read(src.tasks) if src.tasks else lookup_tasks.generate(src.n_tasks, src.seed)
     table = {t.key: t.value for t in all_tasks}
-    train, held = _split(all_tasks, src.eval_fraction)
+    train, held = split_tasks(all_tasks, src.eval_fraction)
 
     def run(url, task, group_id, run_tag, temperature):
         return lookup.run_rollout(url, table, task, lookup.LookupConfig(temperature=temperature),
@@ -81,7 +84,7 @@ def _search(name: str) -> Callable[[TaskSource], HarnessTasks]:
                               "langgraph": (langgraph, langgraph.LangGraphConfig)}[name]
         taskset = load_search_tasks(src.corpus, src.tasks, seed=src.seed)
         all_tasks = taskset.tasks[: src.n_tasks]
-        train, held = _split(all_tasks, src.eval_fraction)
+        train, held = split_tasks(all_tasks, src.eval_fraction)
         file = src.out / "tasks.jsonl"
         export_tasks(all_tasks, file)
 
@@ -100,7 +103,7 @@ def _bfcl(src: TaskSource) -> HarnessTasks:
 
     ids = [line.strip() for line in src.tasks.read_text().splitlines() if line.strip()] if src.tasks else None
     all_tasks = bfcl_data.load_tasks(ids=ids, limit=None if ids else src.n_tasks)
-    train, held = _split(all_tasks, src.eval_fraction)
+    train, held = split_tasks(all_tasks, src.eval_fraction)
 
     def run(url, task, group_id, run_tag, temperature):
         return bfcl.run_rollout(url, task, bfcl.BfclConfig(temperature=temperature), group_id=group_id, run=run_tag)
@@ -134,7 +137,7 @@ def user_harness(spec: str, src: TaskSource) -> HarnessTasks:
     if src.tasks is None:
         raise UserError(f"--harness {spec}: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
     rows = read_tasks(src.tasks)[: src.n_tasks]
-    train, held = _split(rows, src.eval_fraction)
+    train, held = split_tasks(rows, src.eval_fraction)
 
     def run(url: str, task: TaskRow, group_id: str, run_tag: str, temperature: float) -> RolloutResult:
         result = fn(url, task, group_id=group_id, run=run_tag, temperature=temperature)

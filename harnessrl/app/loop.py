@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,10 @@ class LoopConfig:
     concurrency: int = 8
     seed: int = 0
     partition: str | None = None  # capo: a partition file; default: computed from round 0's data
+    cmd: str | None = None  # an external program as the harness (`--cmd`), instead of `harness`
+    reward: str | None = None  # compile-time outcome reward (f1 | exact_match | ... | module:fn) against references
+    reward_from: str | None = None  # --cmd: exit-code | stdout-json | FILE
+    intercept: bool = False  # --cmd: route hard-coded LLM API hosts through one mitmdump
 
 
 @dataclass
@@ -115,7 +120,15 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
         raise UserError(f"--model {cfg.model}: not a model directory (no config.json)")
     cfg.out.mkdir(parents=True, exist_ok=True)
     db = cfg.db or str(cfg.out / "runs.db")
-    h = load_harness(cfg.harness, TaskSource(cfg.tasks, cfg.corpus, cfg.out, cfg.n_tasks, cfg.eval_fraction, cfg.seed))
+    src = TaskSource(cfg.tasks, cfg.corpus, cfg.out, cfg.n_tasks, cfg.eval_fraction, cfg.seed)
+    if bool(cfg.cmd) == bool(cfg.harness):
+        raise UserError("give either --harness NAME or --cmd \"PROGRAM ... {task}\"")
+    if cfg.cmd:
+        from harnessrl.app.cmd_harness import cmd_harness
+
+        h = cmd_harness(cfg.cmd, src, cfg.reward_from, cfg.intercept)
+    else:
+        h = load_harness(cfg.harness, src)
     if not h.train:
         raise UserError("no training tasks: give more tasks or a smaller --eval-fraction")
     if h.tasks_file:
@@ -125,7 +138,8 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     if state.rounds:
         console.print(f"resuming after round {state.rounds[-1]['round']} from {state.model}")
 
-    with run_proxy(ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)) as proxy:
+    with run_proxy(ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)) as proxy, \
+            (h.around(proxy.url) if h.around else nullcontext()):
         if state.initial_eval is None:
             results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
             state.initial_eval = _summary(results)[1]
@@ -140,7 +154,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             reward, success, validity = _summary(results)
             samples_dir = cfg.out / tag / "samples"
             stats = Compiler(db, CompileOptions(out=samples_dir, advantage=algo.advantage,
-                                                train_agents=algo.train_agents, run=tag,
+                                                train_agents=algo.train_agents, run=tag, reward=cfg.reward,
                                                 tokenizer=cfg.model)).run()
             totals = stats["totals"]
             partition = cfg.partition

@@ -1,0 +1,96 @@
+"""The commands that trace a harness from outside: `intercept`, `run -- CMD`, `reward`."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import typer
+
+from harnessrl.errors import UserError
+
+_HOSTS_HELP = "YAML/JSON list of more LLM API hosts: names such as llm.corp.example or patterns such as *.gw.example."
+_MITM_HELP = "The mitmdump of mitmproxy's own venv (default: $HARNESSRL_MITMDUMP, .venv-mitm, PATH)."
+_CA_HELP = "Directory of the interception CA (default: $HARNESSRL_HOME/mitmproxy, ~/.harnessrl/mitmproxy)."
+
+
+def _exit_on_sigterm() -> None:
+    """A SIGTERM unwinds like Ctrl-C, so mitmdump is stopped and the rollout finished, not orphaned."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("intercept")
+    def intercept(
+        proxy: str = typer.Option("http://127.0.0.1:8000", "--proxy", help="The recording proxy."),
+        port: int = typer.Option(8080, "--port", help="Port of the interception proxy (HTTPS_PROXY)."),
+        rollout: str = typer.Option(None, "--rollout", help="Rollout of calls that carry no hrl- key."),
+        agent: str = typer.Option(None, "--agent", help="Agent name of calls that carry no hrl- key."),
+        hosts: Path = typer.Option(None, "--hosts", help=_HOSTS_HELP),
+        only_llm: bool = typer.Option(False, "--only-llm", help="Refuse (403) all traffic that is not an LLM API call."),
+        mitmdump: str = typer.Option(None, "--mitmdump", help=_MITM_HELP),
+        ca: Path = typer.Option(None, "--ca-dir", help=_CA_HELP),
+    ) -> None:
+        """Route the LLM API calls of any program (api.openai.com, api.anthropic.com, Azure OpenAI,
+        OpenRouter, --hosts) into the recording proxy, with mitmproxy; the client's keys are dropped."""
+        from harnessrl.app.intercept import InterceptConfig, describe, read_hosts, start_intercept
+        from harnessrl.app.run_cmd import proxy_key
+
+        cfg = InterceptConfig(proxy=proxy.rstrip("/"), port=port, rollout=rollout, agent=agent, hosts=read_hosts(hosts),
+                              only_llm=only_llm, mitmdump=mitmdump, ca_dir=ca, proxy_key=proxy_key())
+        _exit_on_sigterm()
+        with start_intercept(cfg, log=None, quiet=False) as icpt:
+            print(describe(icpt), file=sys.stderr, flush=True)
+            try:
+                icpt.process.wait()
+            except KeyboardInterrupt:
+                pass  # start_intercept stops mitmdump
+
+    @app.command("run", context_settings={"ignore_unknown_options": True})
+    def run(
+        cmd: list[str] = typer.Argument(None, help="The command and its arguments, after --."),
+        proxy: str = typer.Option(None, "--proxy", help="A running proxy (default: start one with --model, --db)."),
+        model: Path = typer.Option(None, "--model", help="Without --proxy: checkpoint of the local backend."),
+        db: str = typer.Option("runs.db", "--db", help="Without --proxy: the records DB."),
+        task: str = typer.Option(None, "--task", help="Task id of the rollout."),
+        group: str = typer.Option(None, "--group", help="Group id of the rollout (GRPO group)."),
+        run_tag: str = typer.Option(None, "--run", help="Run tag of the rollout."),
+        agent: str = typer.Option("main", "--agent", help="Agent name of the command's calls."),
+        intercept: bool = typer.Option(True, "--intercept/--no-intercept",
+                                       help="Route hard-coded LLM API hosts through mitmproxy (default: on)."),
+        only_llm: bool = typer.Option(False, "--only-llm", help="With interception: refuse all other traffic (403)."),
+        hosts: Path = typer.Option(None, "--hosts", help=_HOSTS_HELP),
+        reward_from: str = typer.Option(None, "--reward-from",
+                                        help="Outcome: exit-code (0 → 1.0, else 0.0) | stdout-json (last line: 0.7 "
+                                             "or {\"reward\": 0.7}) | FILE (written by the command; its path is "
+                                             "in $HARNESSRL_REWARD_FILE)."),
+        mitmdump: str = typer.Option(None, "--mitmdump", help=_MITM_HELP),
+        ca: Path = typer.Option(None, "--ca-dir", help=_CA_HELP),
+    ) -> None:
+        """Run CMD as one rollout: base-URL variables and (default) interception set, outcome
+        reported, rollout finished; exits with CMD's exit code."""
+        from harnessrl.app.intercept import InterceptConfig, read_hosts
+        from harnessrl.app.run_cmd import RunOptions, run_command
+
+        icfg = InterceptConfig(proxy="", port=0, hosts=read_hosts(hosts), only_llm=only_llm, mitmdump=mitmdump,
+                               ca_dir=ca) if intercept else None
+        if not intercept and (only_llm or hosts):
+            raise UserError("--only-llm and --hosts need interception (drop --no-intercept)")
+        _exit_on_sigterm()
+        opts = RunOptions(task=task, group=group, run=run_tag, agent=agent, reward_from=reward_from)
+        raise typer.Exit(run_command(list(cmd or []), opts, proxy, model, db, icfg))
+
+    @app.command("reward")
+    def reward(
+        rollout: str = typer.Argument(..., help="The rollout id (`harnessrl run` prints it)."),
+        value: float = typer.Argument(..., help="The outcome reward."),
+        proxy: str = typer.Option("http://127.0.0.1:8000", "--proxy", envvar="HARNESSRL_PROXY",
+                                  help="The proxy that recorded the rollout (default: $HARNESSRL_PROXY or :8000)."),
+        name: str = typer.Option("outcome", "--name", help="Reward name."),
+    ) -> None:
+        """Report a rollout's outcome reward (for example after grading it later)."""
+        from harnessrl.app.run_cmd import report_reward
+
+        report_reward(proxy.rstrip("/"), rollout, value, name)
+

@@ -1,0 +1,92 @@
+"""`loop --cmd "…{task}…"`: any external program as the loop's harness.
+
+The template is a shell line run once per task and sample, through `harnessrl run`'s machinery
+(`run_in_rollout`): a rollout is created for it, the base-URL variables point at it, and with
+`--intercept` one mitmdump (for the whole loop) catches hard-coded API hosts, each rollout's
+identity riding in its proxy URL. Placeholders, shell-quoted: {task} (a JSON file with the task's
+id and input), {task_id}, {base_url}, {rollout}, {temperature}. The outcome is `--reward-from`
+(exit-code | stdout-json | file: a file per rollout, its path in $HARNESSRL_REWARD_FILE), else whatever outcome reward the program reported itself (`$HARNESSRL_ROLLOUT`, `harnessrl reward`),
+and a compile-time `--reward` scores it against the task's reference either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from harnessrl.app.harnesses import HarnessTasks, TaskSource, split_tasks
+from harnessrl.app.intercept import InterceptConfig, Interceptor, start_intercept
+from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, proxy_key, run_in_rollout
+from harnessrl.client import HarnessRL, Rollout
+from harnessrl.errors import UserError
+from harnessrl.harness_examples.chat import RolloutResult
+from harnessrl.tasks_file import TaskRow, read_tasks
+
+PLACEHOLDERS = ("{task}", "{task_id}", "{base_url}", "{rollout}", "{temperature}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """Replace the known placeholders only: other braces (awk, JSON) are the command's own."""
+    out = template
+    for name, value in values.items():
+        out = out.replace("{" + name + "}", shlex.quote(value))
+    return out
+
+
+def cmd_harness(template: str, src: TaskSource, reward_from: str | None, intercept: bool) -> HarnessTasks:
+    if not any(p in template for p in PLACEHOLDERS):
+        raise UserError(f"--cmd: use at least one of {', '.join(PLACEHOLDERS)} (e.g. \"python agent.py {{task}}\")")
+    if reward_from not in (None, "file", *REWARD_SOURCES):
+        raise UserError("--reward-from with --cmd: exit-code | stdout-json | file (a file per rollout, its path in "
+                        "$HARNESSRL_REWARD_FILE)")
+    if src.tasks is None:
+        raise UserError("--cmd: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
+    rows = read_tasks(src.tasks)[: src.n_tasks]
+    train, held = split_tasks(rows, src.eval_fraction)
+    inputs, logs = src.out / "cmd" / "tasks", src.out / "cmd" / "logs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        (inputs / f"{_UNSAFE.sub('_', row.id)}.json").write_text(json.dumps({"id": row.id, "input": row.input}))
+    numbers = itertools.count()
+    held_icpt: list[Interceptor] = []
+
+    @contextmanager
+    def around(proxy_url: str) -> Iterator[None]:
+        if not intercept:
+            yield
+            return
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / "mitmdump.log", "a") as log, \
+                start_intercept(InterceptConfig(proxy=proxy_url, port=0, proxy_key=proxy_key()), log=log) as icpt:
+            held_icpt.append(icpt)
+            try:
+                yield
+            finally:
+                held_icpt.clear()
+
+    def run(url: str, task: TaskRow, group_id: str, run_tag: str, temperature: float) -> RolloutResult:
+        def command(ro: Rollout) -> str:
+            return fill(template, {"task": str(inputs / f"{_UNSAFE.sub('_', task.id)}.json"), "task_id": task.id,
+                                   "base_url": ro.base_url("main"), "rollout": ro.id, "temperature": f"{temperature:g}"})
+
+        log_path = logs / run_tag / f"{_UNSAFE.sub('_', task.id)}.{next(numbers)}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        per_rollout = str(log_path.with_suffix(".reward")) if reward_from == "file" else reward_from
+        opts = RunOptions(task=task.id, group=group_id, run=run_tag, reward_from=per_rollout)
+        with HarnessRL(url, api_key=proxy_key()) as client, open(log_path, "w") as log:
+            result = run_in_rollout(client, command, opts, held_icpt[0] if held_icpt else None, stdout=log,
+                                    extra_env={"HARNESSRL_TEMPERATURE": f"{temperature:g}"})
+            outcome = result.outcome
+            if outcome is None:  # the program may have reported it itself
+                rewards = client.get_rollout(result.rollout_id)["rewards"]
+                outcome = next((r["value"] for r in reversed(rewards) if r["kind"] == "outcome"), None)
+        return RolloutResult(rollout_id=result.rollout_id, task_id=task.id, outcome=outcome or 0.0,
+                             metrics={"exit_code": float(result.exit_code)},
+                             error=None if result.exit_code == 0 else f"exit code {result.exit_code}, see {log_path}")
+
+    return HarnessTasks(train, held, run, lambda t: t.id, src.tasks, around=around)

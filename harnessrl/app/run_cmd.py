@@ -1,0 +1,225 @@
+"""`harnessrl run -- CMD` and `harnessrl reward`: one rollout around any program.
+
+A rollout is created, the program runs with the variables that point a harness at it (the
+base-URL variables SDKs honour, and with interception the proxy and CA variables), the outcome
+is taken from the program (`--reward-from`) and the rollout is finished. `loop --cmd` runs each
+of its rollouts through `run_in_rollout` too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO
+
+import httpx
+from rich.console import Console
+
+from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
+from harnessrl.client import HarnessRL, HarnessRLError, Rollout
+from harnessrl.errors import UserError
+
+REWARD_SOURCES = ("exit-code", "stdout-json")  # or a file path
+_err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+@dataclass
+class RunOptions:
+    task: str | None = None
+    group: str | None = None
+    run: str | None = None
+    agent: str = "main"
+    reward_from: str | None = None  # exit-code | stdout-json | a file the command writes its outcome to
+    metadata: dict | None = None
+
+
+@dataclass
+class RunResult:
+    rollout_id: str
+    exit_code: int
+    outcome: float | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def proxy_key() -> str | None:
+    return os.environ.get("HARNESSRL_PROXY_API_KEY") or None
+
+
+def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Interceptor | None) -> dict[str, str]:
+    """What the command gets on top of this environment. Its own API keys are left alone (with
+    interception they never leave mitmdump); where it has none, the rollout's `hrl-` key."""
+    base = ro.base_url(agent)
+    identity = f"hrl-{ro.id}-{agent}"
+    env = {"HARNESSRL_PROXY": proxy_url, "HARNESSRL_ROLLOUT": ro.id, "HARNESSRL_AGENT": agent,
+           "HARNESSRL_BASE_URL": base, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
+           "ANTHROPIC_BASE_URL": base.removesuffix("/v1")}  # the anthropic SDK adds /v1/messages itself
+    key = identity + (f":{proxy_key()}" if proxy_key() else "")
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        if not os.environ.get(name):
+            env[name] = key
+    if interceptor is not None:
+        env.update(interceptor.env(identity))
+    return env
+
+
+def _reward_from_text(text: str) -> float | None:
+    """`0.7`, or a JSON object with a numeric "reward"."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get("reward")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def check_reward_from(source: str | None) -> None:
+    if source is not None and not source.strip():
+        raise UserError(f"--reward-from: use {' | '.join(REWARD_SOURCES)} | FILE")
+
+
+def outcome_of(source: str | None, code: int, last_line: str | None, reward_file: Path | None) -> tuple[float | None, str | None]:
+    """(outcome, warning) of a finished command."""
+    if source is None:
+        return None, None
+    if source == "exit-code":
+        return (1.0 if code == 0 else 0.0), None
+    if source == "stdout-json":
+        value = _reward_from_text(last_line or "")
+        return value, None if value is not None else 'the last line of stdout holds no reward (want 0.7 or {"reward": 0.7})'
+    assert reward_file is not None
+    text = reward_file.read_text().strip() if reward_file.is_file() else ""
+    value = _reward_from_text(text)
+    return value, None if value is not None else f"{reward_file} holds no reward (want 0.7 or {{\"reward\": 0.7}})"
+
+
+def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_last_line: bool) -> tuple[int, str | None]:
+    """Run the command (argv, or a shell line), stdin and stderr inherited (stderr joins `stdout`
+    when that is a file). Returns its exit code and, if asked, the last non-empty stdout line."""
+    shell = isinstance(cmd, str)
+    if stdout is not None:
+        code = subprocess.run(cmd, shell=shell, env=env, stdout=stdout, stderr=subprocess.STDOUT).returncode
+        last = None
+        if tee_last_line:
+            stdout.flush()
+            lines = [ln for ln in Path(stdout.name).read_text(errors="replace").splitlines() if ln.strip()]
+            last = lines[-1] if lines else None
+        return code, last
+    if not tee_last_line:
+        return subprocess.run(cmd, shell=shell, env=env).returncode, None
+    last = None
+    with subprocess.Popen(cmd, shell=shell, env=env, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # passed on as it comes: the command's output is still the user's
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+            if line.strip():
+                last = line.decode(errors="replace").strip()
+    return proc.returncode, last
+
+
+def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout], str], opts: RunOptions,
+                   interceptor: Interceptor | Callable[[Rollout], AbstractContextManager[Interceptor]] | None,
+                   stdout: IO | None = None, on_created=None, extra_env: dict[str, str] | None = None) -> RunResult:
+    """Create a rollout, run `cmd` in it (argv, shell line, or a function of the rollout giving the
+    shell line), report its outcome, finish it (also when the command could not start or was interrupted).
+    `interceptor`: a running one, or a function that starts one for this rollout."""
+    check_reward_from(opts.reward_from)
+    ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata)
+    if on_created is not None:
+        on_created(ro)
+    try:
+        with ExitStack() as stack:
+            if callable(interceptor):
+                interceptor = stack.enter_context(interceptor(ro))
+            code, outcome, warning = _run_and_score(ro, client.url, cmd, opts, interceptor, stdout, extra_env)
+    finally:
+        ro.finish()
+    return RunResult(ro.id, code, outcome, [warning] if warning else [])
+
+
+def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, interceptor: Interceptor | None,
+                   stdout: IO | None, extra_env: dict[str, str] | None) -> tuple[int, float | None, str | None]:
+    if callable(cmd):
+        cmd = cmd(ro)
+    env = {**os.environ, **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
+    reward_file = None
+    if opts.reward_from not in (None, *REWARD_SOURCES):
+        reward_file = Path(opts.reward_from).resolve()
+        reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
+        env["HARNESSRL_REWARD_FILE"] = str(reward_file)
+    try:
+        code, last = _execute(cmd, env, stdout, opts.reward_from == "stdout-json")
+    except OSError as exc:
+        raise UserError(f"cannot run {cmd if isinstance(cmd, str) else cmd[0]!r}: {exc.strerror}") from None
+    outcome, warning = outcome_of(opts.reward_from, code, last, reward_file)
+    if outcome is not None:
+        ro.reward(outcome)
+    return code, outcome, warning
+
+
+@contextmanager
+def proxy_for(url: str | None, model: Path | None, db: str) -> Iterator[str]:
+    """The given proxy, or one on the embedded default (SQLite, local backend) for the block."""
+    if url:
+        yield url.rstrip("/")
+        return
+    if model is None:
+        raise UserError("give --proxy URL (a running harnessrl proxy) or --model DIR (start one here, recording to --db)")
+    from transformers.utils import logging as hf_logging
+
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+
+    hf_logging.disable_progress_bar()  # stderr is the command's: no weight-loading bar in it
+    with run_proxy(ProxyConfig(db=db, backend="local", model=str(model), port=0)) as proxy:
+        yield proxy.url
+
+
+def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Path | None, db: str,
+                intercept: InterceptConfig | None) -> int:
+    """`harnessrl run`: the command's exit code."""
+    if not argv:
+        raise UserError("give the command after --, e.g. harnessrl run --model DIR -- python agent.py")
+    check_reward_from(opts.reward_from)
+    with ExitStack() as stack:
+        starter = None
+        if intercept is not None:
+            intercept.mitmdump = find_mitmdump(intercept.mitmdump)  # before any rollout is made
+            # mitmdump's own output goes to a log beside the CA, not into the command's terminal
+            log = stack.enter_context(open(ca_dir(intercept.ca_dir) / "mitmdump.log", "a"))
+
+            def starter(ro: Rollout) -> AbstractContextManager[Interceptor]:
+                # the rollout is also mitmdump's default identity, for clients that drop the proxy URL's username
+                return start_intercept(replace(intercept, proxy=url, proxy_key=proxy_key(), rollout=ro.id,
+                                               agent=opts.agent), log=log)
+        url = stack.enter_context(proxy_for(proxy, model, db))
+        client = stack.enter_context(HarnessRL(url, api_key=proxy_key()))
+        try:
+            result = run_in_rollout(client, argv, opts, starter,
+                                    on_created=lambda ro: _err.print(f"harnessrl run: rollout {ro.id}"))
+        except HarnessRLError as exc:
+            raise UserError(f"the proxy at {url} refused: {exc}") from None
+        except httpx.TransportError as exc:
+            raise UserError(f"cannot reach the proxy at {url}: {exc}") from None
+    for warning in result.warnings:
+        _err.print(f"[yellow]warning:[/yellow] {warning}")
+    if result.outcome is not None:
+        _err.print(f"harnessrl run: rollout {result.rollout_id} outcome {result.outcome:g}")
+    return result.exit_code
+
+
+def report_reward(proxy: str, rollout: str, value: float, name: str) -> None:
+    """`harnessrl reward ROLLOUT VALUE`."""
+    with HarnessRL(proxy, api_key=proxy_key()) as client:
+        try:
+            client.reward(rollout, value, name)
+        except HarnessRLError as exc:
+            raise UserError(f"the proxy at {proxy} refused: {exc}") from None
