@@ -25,10 +25,10 @@ TOOL = {"type": "function", "function": {"name": DEFAULT_TOOL, "description": "L
 USER = {"role": "user", "content": "What is the capital of france?"}
 
 _text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(["", "\x00", "a\x00b", "<|im_end|>"])
-_DEEP: list = []
-for _ in range(300):  # deeper than orjson writes (254 levels)
-    _DEEP = [_DEEP]
-_odd = st.one_of(st.none(), st.booleans(), st.just(_DEEP), st.sampled_from([0, -1, 1, 2, 3, 21, 2 ** 31, 10 ** 20, -0.5, 0.5, 2.5, 1e300]),
+# stands for a list nested 300 deep (deeper than orjson writes), put in only on the wire
+_DEEP = "<deep>"
+_odd = st.one_of(st.none(), st.booleans(), st.just(_DEEP),
+                 st.sampled_from([0, -1, 1, 2, 3, 21, 2 ** 31, 10 ** 20, -0.5, 0.5, 2.5, 1e300]),
                  _text, st.just([]), st.just({}), st.lists(st.integers(-2, 5), max_size=3),
                  st.dictionaries(st.sampled_from(["type", "text", "name", "x", "5"]), st.none() | _text | st.integers(),
                                  max_size=2))
@@ -131,7 +131,8 @@ def test_no_request_gets_a_5xx(proxy):
     @given(requests())
     def one(req):
         path, body, session = req
-        r = http.post(path, content=json.dumps(body), headers={"x-harnessrl-session": session,
+        wire = json.dumps(body).replace(f'"{_DEEP}"', "[" * 300 + "]" * 300)
+        r = http.post(path, content=wire, headers={"x-harnessrl-session": session,
                                                                    "content-type": "application/json"})
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         assert r.status_code < 500, (r.status_code, r.text, body)
