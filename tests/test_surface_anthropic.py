@@ -47,7 +47,8 @@ def test_tool_use_round_trip_identified_by_x_api_key(target, tmp_path):
         (use,) = [b for b in m1.content if b.type == "tool_use"][:1]
         assert use.name == "lookup" and isinstance(use.input, dict)
         messages += [{"role": "assistant", "content": _dump(m1.content)},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Paris 42"}]}]
+                     {"role": "user", "content": [
+                         {"type": "tool_result", "tool_use_id": use.id, "content": "Paris 42"}]}]
         m2 = c.messages.create(messages=messages, **ARGS)
         assert m2.content and m2.usage.input_tokens > m1.usage.input_tokens
     rows = calls(target.db, ro.id)

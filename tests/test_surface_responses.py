@@ -242,3 +242,52 @@ def test_a_stream_that_fails_after_its_start_ends_with_response_failed(upstream,
     assert events[-1].response.error.code == "upstream_malformed"
     (row,) = calls(t.db)
     assert row.status == "error" and "malformed upstream response" in row.error
+
+
+CONTENTS = ["plain text", "<think>\nweigh it\n</think>\n\nThe answer.", "<think>\nonly thought\n</think>",
+            "<think>\nleft open", "<thin", "<think>\nx\n</think>\nno blank line", ""]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("content", CONTENTS)
+def test_a_streamed_answer_splits_into_the_blocks_of_the_whole(content):
+    from harnessrl.proxy.protocol import Delta, Result
+    from harnessrl.proxy.surface_blocks import BlockStream, blocks_of, join_think, split_think
+
+    calls_ = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    whole = blocks_of(Result(text=content or None, finish_reason="tool_calls", usage=None,
+                             message={"role": "assistant", "content": content or None, "tool_calls": calls_}))
+    stream = BlockStream()
+    events = [e for ch in content for e in stream.feed([Delta(content=ch)])]
+    events += stream.feed([Delta(tool_calls=[{"index": 0, **calls_[0]}])]) + stream.finish()
+    assert [(b.kind, b.text, b.call_id) for b in stream.blocks] == [(b.kind, b.text, b.call_id) for b in whole]
+    # every block opens once, closes once, and its pieces add up to it
+    for i, b in enumerate(stream.blocks):
+        assert [e.op for e in events if e.index == i][0] == "open" and [e.op for e in events if e.index == i][-1] == \
+            "close"
+        assert "".join(e.piece for e in events if e.index == i and e.op == "piece") == b.text
+    reasoning, text = split_think(content)
+    if "\n</think>\n\n" in content or content.endswith("\n</think>") or reasoning is None:
+        assert (join_think(reasoning, text) or "") == content  # the template's form comes back exactly
+
+
+@pytest.mark.unit
+def test_a_run_of_assistant_items_is_one_chat_message():
+    from harnessrl.proxy.responses_request import to_request
+
+    req = to_request({"model": "m", "instructions": "sys", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "r"},
+        {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "r2"}]}]})
+    assert req.body["messages"] == [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<think>\nhm\n</think>\n\nok", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "r2"}]
