@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from harnessrl.db import open_db
+from harnessrl.proxy.anthropic_wire import MESSAGES
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.embeddings import EMBEDDINGS
@@ -37,10 +38,13 @@ from harnessrl.proxy.prefix import Prompter
 from harnessrl.proxy.probes import add_probes
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.responses_wire import RESPONSES
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
 from harnessrl.proxy.route_passthrough import PassThroughRoute
 from harnessrl.proxy.route_tokens import TokenRoute
 from harnessrl.proxy.serving import Adapter, Serving
+from harnessrl.proxy.stored_responses import StoredCalls
+from harnessrl.proxy.surface_routes import add_surface_routes
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.validate import parse_json
 from harnessrl.records import UNASSIGNED_ROLLOUT
@@ -78,9 +82,9 @@ class WeightsIn(BaseModel):
 
 
 # the API surfaces served on the hot path
-ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS)
-_HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
-                b"x-harnessrl-session", b"x-harnessrl-parent-call"}
+ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES)
+_HOT_HEADERS = {b"authorization", b"x-api-key", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
+                b"x-harnessrl-session", b"x-harnessrl-parent-call", b"anthropic-version", b"anthropic-beta"}
 
 
 async def _read_body(headers: dict[str, str], receive, limit: int) -> bytes:
@@ -125,6 +129,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     cfg.check()
     engine, session_factory = open_db(cfg.db)
     store = Rollouts(session_factory)
+    stored = StoredCalls(session_factory)
     known: dict[str, str] = {UNASSIGNED_ROLLOUT: "running"}  # rollout id -> status, so calls need no DB read
     state: dict[str, Any] = {}
 
@@ -197,13 +202,17 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
             call = adapter.request(parse_json(await _read_body(headers, receive, cfg.max_body_bytes)))
+            if call.surface is not None and adapter.headers:
+                call.surface["headers"] = {h: headers[h] for h in adapter.headers if h in headers}
             await _rollout_ok(ident.rollout)
+            if adapter.resolve is not None:
+                call = await adapter.resolve(call, stored.fetch)
             serving: Serving = state["serving"]
             call_id = os.urandom(16).hex()
             wire = adapter.wire(call, call_id, serving.route.model_name)
-            response = await serving.handle(call, ident, call_id, wire)
+            response = await serving.handle(call, ident, call_id, wire, adapter.error)
         except ProxyError as err:
-            response = error_response(err)
+            response = adapter.error(err)
         await response(scope, receive, send)
 
     async def models(request: Request) -> Response:
@@ -225,6 +234,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     for prefix in ("", "/r/{rollout}/a/{agent}"):
         app.add_route(prefix + "/v1/models", models, methods=["GET"])
     add_probes(app, engine, state, backend)
+    add_surface_routes(app, cfg.api_key, lambda: state["serving"].route, stored)
 
     # ---- rollout API -------------------------------------------------------------------
     def auth(request: Request) -> None:
@@ -299,14 +309,15 @@ class ProxyApp:
             m = self._hot_path.match(scope["path"])
             if m is not None:
                 params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
+                adapter = self._adapters[m["kind"]]
                 try:
-                    await self._hot(scope, receive, send, self._adapters[m["kind"]], params)
+                    await self._hot(scope, receive, send, adapter, params)
                 except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
                     log.error("internal error on POST %s", scope["path"], exc_info=exc)
                     err = ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy's log",
                                      "server_error")
                     try:
-                        await error_response(err)(scope, receive, send)
+                        await adapter.error(err)(scope, receive, send)
                     except Exception:  # noqa: BLE001 - the response had already started
                         pass
                 return

@@ -2,7 +2,8 @@
 
 In order of precedence: the URL path `/r/{rollout}/a/{agent}/v1/...` (a plain `base_url`
 carries it), `X-HarnessRL-*` headers, an API key `hrl-<rollout>-<agent>` (for harnesses that
-only let you set a URL and a key). With none, the call goes to the "unassigned" rollout.
+only let you set a URL and a key), sent as `Authorization: Bearer …` or, as the anthropic SDK
+does, `x-api-key: …`. With none, the call goes to the "unassigned" rollout.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ class Identity:
 
 
 def bearer(headers) -> str | None:
+    """The API key: `Authorization: Bearer KEY`, else `x-api-key: KEY` (Anthropic's header)."""
     auth = headers.get("authorization")
     if not auth:
-        return None
+        return headers.get("x-api-key") or None
     scheme, _, token = auth.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
 
@@ -54,7 +56,8 @@ def split_key(token: str | None, api_key: str | None) -> tuple[str | None, str |
 
 
 def check_auth(headers, api_key: str | None) -> None:
-    """With --api-key K, a client must send `Bearer K` or `Bearer hrl-<rollout>-<agent>:K`."""
+    """With --api-key K, a client must send `Bearer K` or `Bearer hrl-<rollout>-<agent>:K` (or
+    the same as `x-api-key`)."""
     if api_key is None:
         return
     token = bearer(headers) or ""

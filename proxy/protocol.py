@@ -23,6 +23,9 @@ class Request:
 
     body: dict[str, Any]
     chat: bool = True
+    # another API surface's own request ({api, body, headers}): recorded beside the chat body
+    # (under "harnessrl_surface"), never forwarded
+    surface: dict[str, Any] | None = None
 
     @property
     def endpoint(self) -> str:

@@ -9,7 +9,7 @@ gets its answer (or its OpenAI-shaped error) only once that record is committed.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,6 +45,12 @@ class Adapter:
     path: str  # under /v1/, e.g. "chat/completions"
     request: Callable[[dict], Request]
     wire: Callable[[Request, str, str], Wire]  # (request, call id, served model name) -> Wire
+    # how this surface answers an error, also one raised before its request is read (bad JSON, auth)
+    error: Callable[..., Response] = error_response  # (error, headers=None)
+    # a step that needs the records DB (Responses' previous_response_id): (request, fetch) ->
+    # request, where `await fetch(call_id)` is a recorded call (`stored_responses.load`) or None
+    resolve: Callable[[Request, Callable[[str], Awaitable[dict | None]]], Awaitable[Request]] | None = None
+    headers: tuple[str, ...] = ()  # request headers recorded with the call (in `Request.surface`)
 
 
 class Serving:
@@ -55,7 +61,8 @@ class Serving:
         self.recorder = recorder
         self.index = PrefixIndex()
 
-    async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire) -> Response:
+    async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire,
+                     errors: Callable[..., Response] = error_response) -> Response:
         if req.endpoint == "embeddings":
             from harnessrl.proxy.embeddings import serve_embeddings
 
@@ -81,11 +88,11 @@ class Serving:
             self._fill(rec, result, data, t0)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
             err = await self._fail(rec, as_proxy_error(exc), t0)
-            return error_response(err, headers)
+            return errors(err, headers)
         try:
             await self._commit(rec)
         except ProxyError as err:
-            return error_response(err, headers)
+            return errors(err, headers)
         self._remember(rec, ident, req, result)
         return Response(orjson.dumps(data), 200, headers, "application/json")
 
@@ -95,7 +102,8 @@ class Serving:
         return CallRecord(id=call_id, rollout_id=ident.rollout, session_id=ident.session, agent=ident.agent,
                           parent_call_id=ident.parent_call, endpoint=req.endpoint,
                           model=getattr(self.route, "model_path", None) or req.body.get("model"),
-                          stream=req.stream, request=req.body, created_at=time.time())
+                          stream=req.stream, created_at=time.time(),
+                          request=req.body if req.surface is None else {**req.body, "harnessrl_surface": req.surface})
 
     async def _relay(self, req: Request, ident: Identity, rec: CallRecord, wire: Wire, first: list[Delta] | Result,
                      events: AsyncGenerator[list[Delta] | Result, None], t0: float) -> AsyncIterator[bytes]:
