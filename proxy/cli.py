@@ -30,7 +30,17 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         timeout: float = typer.Option(600.0, "--timeout", help="Upstream timeout in seconds."),
         served_model_name: str = typer.Option(None, "--served-model-name", help="Model name to report and forward."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed of the local backend."),
-        log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+        log_level: str = typer.Option("warning", "--log-level", help="Log level (info: a line per call)."),
+        log_format: str = typer.Option("text", "--log-format", help="'text' or 'json' (one JSON object a line, "
+                                       "with the call id on lines about a call)."),
+        strict_rollouts: bool = typer.Option(False, "--strict-rollouts", help="Refuse calls to a rollout id that "
+                                             "does not exist (404) instead of creating it on first use."),
+        prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Memory bound of the prefix index "
+                                              "(recent calls per session, for prefix-consistent prompts), MiB."),
+        db_lock_timeout: float = typer.Option(5.0, "--db-lock-timeout", help="PostgreSQL: seconds a statement "
+                                              "may wait for a lock (and a call for its locked rollout row)."),
+        db_statement_timeout: float = typer.Option(30.0, "--db-statement-timeout",
+                                                   help="PostgreSQL: seconds a statement may run."),
         no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (it is never "
                                    "served with --api-key: the viewer has no authentication)."),
     ) -> None:
@@ -48,7 +58,9 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
                           host=host, port=port, api_key=api_key, max_body_bytes=int(max_body_mb * 1024 * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
-                          log_level=log_level)
+                          log_level=log_level, log_format=log_format, strict_rollouts=strict_rollouts,
+                          prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024), db_lock_timeout_s=db_lock_timeout,
+                          db_statement_timeout_s=db_statement_timeout)
         cfg.check()
         target = upstream if backend == "upstream" else f"local model {model}"
         console = Console(stderr=True)
