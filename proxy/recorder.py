@@ -45,6 +45,7 @@ class _Lost(Exception):
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0
 _UNRECORDED = "the records database refused it (the proxy log has the reason for this call id)"
 _UNAVAILABLE = "the records database is unavailable; retry the call"
+_LOCKED = "the rollout's database row is locked by another session; retry the call"
 _BUSY_POLL = 0.02  # how soon a call whose rollout row is locked is tried again
 
 
@@ -156,17 +157,22 @@ class Recorder:
         now = time.monotonic()
         by_loop: dict[Any, list] = {}
         for item, first, out in zip(batch, since, outcomes):
+            rec, fut, loop = item
             if out is BUSY:
                 first = now if first is None else first
                 if now - first < self._busy_s and not stopping:
                     self._waiting.append((item, first))
                     continue
-                log.warning("recorder: call %s answered 503: its rollout row stayed locked", item[0].id,
-                            extra={"call_id": item[0].id})
-                out = RolloutBusy("the rollout's database row is locked by another session; retry the call")
-            rec, fut, loop = item
+                if fut is not None and not stopping:
+                    # answered 503 now; written as a failed call if the row frees up in time
+                    log.warning("recorder: call %s answered 503: its rollout row stayed locked", rec.id,
+                                extra={"call_id": rec.id})
+                    rec.status, rec.error = "error", f"503 server_error: {_LOCKED}" + (
+                        f" (after {rec.error})" if rec.error else "")
+                    self._waiting.append(((rec, None, None), now))
+                out = RolloutBusy(_LOCKED)
             if fut is None:
-                if out is not None:
+                if out is not None and not isinstance(out, RolloutFinished):  # that one is written, as failed
                     log.warning("recorder: call %s not recorded (%s)", rec.id, out, extra={"call_id": rec.id})
                 continue
             by_loop.setdefault(loop, []).append((fut, out))

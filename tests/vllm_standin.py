@@ -15,7 +15,8 @@ the chat template gives different ids (token drift), as real models do.
 
 Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malformed answers with
 status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
-(a stream chunk that is not JSON, after the first content chunk). Run as a process:
+(a stream chunk that is not JSON, after the first content chunk), "no-choices" (`choices: null`,
+streams too). Run as a process:
 `python tests/vllm_standin.py --tokenizer DIR --port 8001`.
 """
 
@@ -253,6 +254,9 @@ class StandIn:
             return _err(400, "injected bad request")
         if model == "slow":
             await asyncio.sleep(5)
+        if model == "no-choices":  # an error sent as a 200 (seen from overloaded gateways)
+            return Response(orjson.dumps({"object": "error", "message": "overloaded", "choices": None}),
+                            media_type="application/json")
         return None
 
 
