@@ -151,6 +151,9 @@ class PrefixIndex:
         self.max_bytes = max_bytes
         self.nbytes = 0
 
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._sessions
+
     def add(self, key: tuple, turn: Turn) -> None:
         s = self._sessions.get(key)
         if s is None:
