@@ -72,6 +72,7 @@ class LocalBackend:
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
         self._lock = threading.Lock()  # held for a whole completion, and to swap weights
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harnessrl-local-backend")
+        self.generated_tokens = 0  # over all requests: shows whether an abandoned generation stopped
 
     @property
     def weight_version(self) -> str:
@@ -168,6 +169,7 @@ class LocalBackend:
                 out = model(input_ids=inputs, use_cache=True, **{self._cache_arg: cache})
                 cache = out[self._cache_arg]
                 token, logprob = self._sample(out.logits[0, -1].float(), params, generator)
+                self.generated_tokens += 1
                 ids.append(token)
                 logprobs.append(logprob)
                 inputs = torch.tensor([[token]], device=self._device)
