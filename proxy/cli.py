@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         """Run the recording proxy: an OpenAI-compatible endpoint that records every call."""
         from rich.console import Console
 
+        from harnessrl.proxy.logs import configure
         from harnessrl.proxy.server import ProxyConfig, serve
 
         from harnessrl.errors import UserError
@@ -62,13 +64,18 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024), db_lock_timeout_s=db_lock_timeout,
                           db_statement_timeout_s=db_statement_timeout)
         cfg.check()
+        log_config = configure(log_format, log_level)
         target = upstream if backend == "upstream" else f"local model {model}"
         console = Console(stderr=True)
+        say, warn = console.print, lambda msg: console.print(f"[yellow]warning:[/yellow] {msg}")
+        if log_format == "json":  # every line on stderr is then a JSON object
+            log = logging.getLogger("harnessrl.proxy")
+            say, warn = (lambda msg: log.warning("%s", msg)), (lambda msg: log.warning("warning: %s", msg))
         if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
-            console.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach "
-                          "this port can make model calls and read or write rollouts")
-        console.print(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
+            warn(f"listening on {host} without --api-key: anyone who can reach this port can make model calls and "
+                 "read or write rollouts")
+        say(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
         with_ui = ui is not None and not no_ui and not api_key
         if with_ui:
-            console.print(f"trace viewer on http://{host}:{port}/ui/")
-        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer)}) if with_ui else None)
+            say(f"trace viewer on http://{host}:{port}/ui/")
+        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer)}) if with_ui else None, log_config)

@@ -59,13 +59,11 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None) -> None:
+def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None,
+          log_config: dict | None = None) -> None:
     """Run in the foreground until interrupted. `mounts()`: path → ASGI app served beside the API
     (the app layer passes the trace viewer at /ui), on FastAPI's side of the hot-path split;
-    called once the app (and so the records DB) exists."""
-    from harnessrl.proxy.logs import configure
-
-    log_config = configure(cfg.log_format, cfg.log_level)
+    called once the app (and so the records DB) exists. `log_config`: uvicorn's, from `logs.configure`."""
     app = build_app(cfg)
     for path, sub in (mounts() if mounts else {}).items():
         app.api.mount(path, sub)
