@@ -72,13 +72,19 @@ def identify(path_params: dict, headers, api_key: str | None) -> Identity:
     rollout = path_params.get("rollout") or headers.get("x-harnessrl-rollout") or key_rollout or UNASSIGNED_ROLLOUT
     agent = path_params.get("agent") or headers.get("x-harnessrl-agent") or key_agent
     ident = Identity(rollout, agent, headers.get("x-harnessrl-session"), headers.get("x-harnessrl-parent-call"))
-    for name, limit in _LIMITS.items():
+    for name in _LIMITS:
         value = getattr(ident, name)
-        if value is None:
-            continue
-        if len(value) > limit:
-            raise bad_request(f"{name} id is longer than {limit} characters", code="identity_too_long")
-        if not _ID.fullmatch(value):
-            # the value is not echoed: it may be a secret sent in the wrong place
-            raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", code="invalid_identity")
+        if value is not None:
+            check_id(name, value)
     return ident
+
+
+def check_id(name: str, value: str, param: str | None = None) -> None:
+    """400 unless `value` fits the charset and length of a `name` id (rollout, agent, ...)."""
+    limit = _LIMITS[name]
+    if len(value) > limit:
+        raise bad_request(f"{name} id is longer than {limit} characters", param, code="identity_too_long")
+    if not _ID.fullmatch(value):
+        # the value is not echoed: it may be a secret sent in the wrong place
+        raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", param,
+                          code="invalid_identity")

@@ -16,7 +16,8 @@ the chat template gives different ids (token drift), as real models do.
 
 Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malformed answers with
 status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
-(a stream chunk that is not JSON, after the first content chunk). Run as a process:
+(a stream chunk that is not JSON, after the first content chunk), "no-choices" (`choices: null`,
+streams too), "slow-stream" (50 ms between streamed chat tokens). Run as a process:
 `python tests/vllm_standin.py --tokenizer DIR --port 8001`.
 """
 
@@ -176,6 +177,8 @@ class StandIn:
             if calls and "<tool_call>" in (streamed + piece):
                 break
             streamed += piece
+            if model == "slow-stream":
+                await asyncio.sleep(0.05)
             yield chunk({"content": piece}, [ids[i]], at=[i])
             if model == "bad-chunk":
                 yield b"data: {not json\n\n"
@@ -269,6 +272,9 @@ class StandIn:
             return _err(400, "injected bad request")
         if model == "slow":
             await asyncio.sleep(5)
+        if model == "no-choices":  # an error sent as a 200 (seen from overloaded gateways)
+            return Response(orjson.dumps({"object": "error", "message": "overloaded", "choices": None}),
+                            media_type="application/json")
         return None
 
 
