@@ -160,10 +160,15 @@ def test_malformed_requests_get_anthropic_shaped_errors(target, body, where):
 def test_errors_before_the_request_is_read_are_anthropic_shaped(target):
     bad = httpx.post(target.url + "/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
-    missing = httpx.post(target.url + "/r/nope/a/x/v1/messages", json={"model": "m", "max_tokens": 5,
+    rid = httpx.post(target.url + "/harnessrl/rollouts", json={}).json()["id"]
+    httpx.post(target.url + f"/harnessrl/rollouts/{rid}/finish", json={})
+    finished = httpx.post(target.url + f"/r/{rid}/a/x/v1/messages", json={"model": "m", "max_tokens": 5,
+                                                                         "messages": [{"role": "user", "content": "x"}]})
+    assert finished.status_code == 409 and finished.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": finished.json()["error"]["message"]}}
+    bad_id = httpx.post(target.url + "/r/bad:id/a/x/v1/messages", json={"model": "m", "max_tokens": 5,
                                                                        "messages": [{"role": "user", "content": "x"}]})
-    assert missing.status_code == 404 and missing.json() == {"type": "error", "error": {
-        "type": "not_found_error", "message": missing.json()["error"]["message"]}}
+    assert bad_id.status_code == 400 and bad_id.json()["type"] == "error"
     with pytest.raises(anthropic.BadRequestError):
         _client(target.url).messages.count_tokens(model="m", messages=[])
 

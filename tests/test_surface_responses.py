@@ -221,8 +221,10 @@ def test_errors_outside_the_body(target):
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve("resp_" + "0" * 32)
-    missing = httpx.post(target.url + "/r/nope/a/x/v1/responses", json={"model": "m", "input": "x"})
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "rollout_not_found"
+    rid = httpx.post(target.url + "/harnessrl/rollouts", json={}).json()["id"]
+    httpx.post(target.url + f"/harnessrl/rollouts/{rid}/finish", json={})
+    finished = httpx.post(target.url + f"/r/{rid}/a/x/v1/responses", json={"model": "m", "input": "x"})
+    assert finished.status_code == 409 and finished.json()["error"]["code"] == "rollout_finished"
     # store: false is recorded like any call, but cannot be fetched or extended
     r = c.responses.create(input="Say something.", store=False, model="tiny", max_output_tokens=5)
     assert r.id[5:] in {x.id for x in calls(target.db)}
