@@ -33,7 +33,10 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def make_engine(target: str) -> Engine:
+def make_engine(target: str, lock_timeout_s: float | None = None, statement_timeout_s: float | None = None) -> Engine:
+    """An engine for `target`. On PostgreSQL, `lock_timeout_s` / `statement_timeout_s` bound how long
+    any statement may wait for a row lock / run (the proxy sets both: one stuck lock or query must
+    not stall its writer); None leaves the server's setting (the compiler's long reads)."""
     url = db_url(target)
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[-1]
@@ -46,8 +49,15 @@ def make_engine(target: str) -> Engine:
         return engine
     # a server that vanishes (failover, partition) must not hang a connect or the recorder's
     # writer on a dead socket: bounded connects, TCP keepalives (~60 s to notice)
-    libpq = make_url(url).get_driver_name() in ("psycopg", "psycopg2")
-    return create_engine(url, pool_pre_ping=True, connect_args=_PG_CONNECT if libpq else {})
+    parsed = make_url(url)
+    libpq = parsed.get_driver_name() in ("psycopg", "psycopg2")
+    args = dict(_PG_CONNECT) if libpq else {}
+    settings = [f"-c {name}={int(s * 1000)}" for name, s in (("lock_timeout", lock_timeout_s),
+                                                            ("statement_timeout", statement_timeout_s)) if s]
+    if libpq and settings:
+        # libpq `options`, merged with any the URL already has (e.g. a search_path)
+        args["options"] = " ".join([*filter(None, [parsed.query.get("options")]), *settings])
+    return create_engine(url, pool_pre_ping=True, connect_args=args)
 
 
 _PG_CONNECT = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
@@ -74,15 +84,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg.set_main_option("script_location", _script_location())
     try:
         with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":  # a migration may lock and rewrite big tables
+                conn.exec_driver_sql("SET LOCAL lock_timeout = 0")
+                conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
     except Exception as exc:  # noqa: BLE001 - surfaced as one line to the user
         raise DBError(f"cannot open or migrate the records DB {engine.url!r}: {exc}") from exc
 
 
-def open_db(target: str, migrate: bool = True) -> tuple[Engine, sessionmaker[Session]]:
-    """Engine and session factory for a DB path or URL, migrated to head."""
-    engine = make_engine(target)
+def open_db(target: str, migrate: bool = True, lock_timeout_s: float | None = None,
+            statement_timeout_s: float | None = None) -> tuple[Engine, sessionmaker[Session]]:
+    """Engine and session factory for a DB path or URL, migrated to head (timeouts: `make_engine`)."""
+    engine = make_engine(target, lock_timeout_s, statement_timeout_s)
     if migrate:
         upgrade(engine)
     return engine, sessionmaker(engine, expire_on_commit=False)

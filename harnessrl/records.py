@@ -122,7 +122,7 @@ class Call(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | discarded (best_of)
+    status: Mapped[str] = mapped_column(String(16), default="ok")  # ok | error | cancelled (stream abandoned) | discarded (best_of)
     error: Mapped[str | None] = mapped_column(NulSafeText, nullable=True)  # may quote model or upstream text
     created_at: Mapped[float] = mapped_column(Float)
 

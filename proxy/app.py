@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from harnessrl.db import open_db
+from harnessrl.proxy.anthropic_wire import MESSAGES
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.embeddings import EMBEDDINGS
@@ -33,18 +34,23 @@ from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
 from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify
 from harnessrl.proxy.limits import Guard, check_metadata, read_body
+from harnessrl.proxy.logs import call_id as current_call
+from harnessrl.proxy.metrics import ProxyMetrics
 from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
 from harnessrl.proxy.prefix import Prompter
 from harnessrl.proxy.probes import add_probes
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.responses_wire import RESPONSES
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
+from harnessrl.proxy.status import RolloutStatus
 from harnessrl.proxy.route_passthrough import PassThroughRoute
 from harnessrl.proxy.route_tokens import TokenRoute
 from harnessrl.proxy.serving import Adapter, Serving
+from harnessrl.proxy.stored_responses import StoredCalls
+from harnessrl.proxy.surface_routes import add_surface_routes
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.validate import parse_json
-from harnessrl.records import UNASSIGNED_ROLLOUT
 
 log = logging.getLogger("harnessrl.proxy")
 
@@ -54,6 +60,7 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 class CreateRollout(BaseModel):
+    id: str | None = None  # client-chosen (the id charset and length of identities); 409 if taken
     task_id: str | None = None
     group_id: str | None = None
     run: str | None = None
@@ -79,9 +86,9 @@ class WeightsIn(BaseModel):
 
 
 # the API surfaces served on the hot path
-ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS)
-_HOT_HEADERS = {b"authorization", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
-                b"x-harnessrl-session", b"x-harnessrl-parent-call"}
+ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES)
+_HOT_HEADERS = {b"authorization", b"x-api-key", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
+                b"x-harnessrl-session", b"x-harnessrl-parent-call", b"anthropic-version", b"anthropic-beta"}
 
 
 def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
@@ -105,16 +112,21 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local"),
     `adapters` the API surfaces it serves at /v1/{adapter.path}."""
     cfg.check()
-    engine, session_factory = open_db(cfg.db)
+    engine, session_factory = open_db(cfg.db, lock_timeout_s=cfg.db_lock_timeout_s,
+                                      statement_timeout_s=cfg.db_statement_timeout_s)
     store = Rollouts(session_factory)
-    known: dict[str, str] = {UNASSIGNED_ROLLOUT: "running"}  # rollout id -> status, so calls need no DB read
+    stored = StoredCalls(session_factory)
+    statuses = RolloutStatus(store, cfg.strict_rollouts)
+    metrics = ProxyMetrics(engine)
     state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        recorder = Recorder(engine)
+        recorder = Recorder(engine, busy_s=cfg.db_lock_timeout_s, metrics=metrics)
         pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout, api_key=cfg.upstream_api_key) if cfg.upstream else None
-        state.update(serving=Serving(_route(cfg, backend, pool), recorder), recorder=recorder, pool=pool)
+        serving = Serving(_route(cfg, backend, pool), recorder, statuses, cfg.prefix_cache_bytes, metrics)
+        metrics.watch(lambda: recorder.queue_depth, lambda: serving.index.nbytes)
+        state.update(serving=serving, recorder=recorder, pool=pool)
         try:
             yield
         finally:
@@ -158,34 +170,24 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
                                    "server_error"), 500, media_type="application/json")
 
     # ---- OpenAI endpoints (hot path) ----------------------------------------------------
-    async def _rollout_ok(rollout_id: str) -> None:
-        status = known.get(rollout_id)
-        if status is None:
-            try:
-                status = await run_in_threadpool(store.status, rollout_id)
-            except DBAPIError as exc:
-                log.warning("records DB error reading rollout %s: %s", rollout_id, exc)
-                raise database_unavailable() from None
-            if status is None:
-                raise ProxyError(404, f"rollout {rollout_id!r} does not exist (create it with POST /harnessrl/rollouts)",
-                                 code="rollout_not_found")
-            known[rollout_id] = status
-        if status == "finished":
-            raise ProxyError(409, f"rollout {rollout_id!r} is finished", code="rollout_finished")
-
     async def hot(scope, receive, send, adapter: Adapter, path_params: dict) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _HOT_HEADERS}
         try:
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
             call = adapter.request(parse_json(await read_body(headers, receive, cfg.max_body_bytes)))
-            await _rollout_ok(ident.rollout)
+            if call.surface is not None and adapter.headers:
+                call.surface["headers"] = {h: headers[h] for h in adapter.headers if h in headers}
+            await statuses.check(ident.rollout)
+            if adapter.resolve is not None:
+                call = await adapter.resolve(call, stored.fetch)
             serving: Serving = state["serving"]
             call_id = os.urandom(16).hex()
+            current_call.set(call_id)  # on every log line about this call (this request's task)
             wire = adapter.wire(call, call_id, serving.route.model_name)
-            response = await serving.handle(call, ident, call_id, wire)
+            response = await serving.handle(call, ident, call_id, wire, adapter.error)
         except ProxyError as err:
-            response = error_response(err)
+            response = adapter.error(err)
         await response(scope, receive, send)
 
     async def models(request: Request) -> Response:
@@ -207,6 +209,16 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     for prefix in ("", "/r/{rollout}/a/{agent}"):
         app.add_route(prefix + "/v1/models", models, methods=["GET"])
     add_probes(app, engine, state, backend)
+    add_surface_routes(app, cfg.api_key, lambda: state["serving"].route, stored)
+
+    @app.get("/metrics")
+    def prometheus(request: Request) -> Response:
+        try:
+            check_auth(request.headers, cfg.api_key)
+        except ProxyError as err:
+            return error_response(err)
+        body, content_type = metrics.render()
+        return Response(body, 200, media_type=content_type)
 
     # ---- rollout API -------------------------------------------------------------------
     def auth(request: Request) -> None:
@@ -221,11 +233,13 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         check_metadata(body.metadata, cfg.max_metadata_bytes)
 
     @app.post("/harnessrl/rollouts", dependencies=[api])
-    def create_rollout(body: CreateRollout, request: Request):
+    async def create_rollout(body: CreateRollout, request: Request):
+        if body.id is not None:
+            check_id("rollout", body.id, "id")
         check_labels(task_id=body.task_id, group_id=body.group_id, run=body.run)
         check_metadata(body.metadata, cfg.max_metadata_bytes)
-        r = store.create(body.task_id, body.group_id, body.run, body.metadata)
-        known[r.id] = r.status
+        r = await run_in_threadpool(store.create, body.task_id, body.group_id, body.run, body.metadata, body.id)
+        statuses.set(r.id, r.status)  # on the event loop thread, like every use of the cache
         base = str(request.base_url).rstrip("/")
         return _json({**rollout_json(r), "base_url_template": f"{base}/r/{r.id}/a/{{agent}}/v1"})
 
@@ -245,7 +259,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     async def finish_rollout(rollout_id: str):
         check_id("rollout", rollout_id)
         r = await run_in_threadpool(store.finish, rollout_id)
-        known[r.id] = r.status
+        statuses.set(r.id, r.status)
         state["serving"].index.forget(r.id)  # here, on the event loop thread that owns the index
         return _json(rollout_json(r))
 
@@ -298,14 +312,15 @@ class ProxyApp:
             m = self._hot_path.match(scope["path"])
             if m is not None:
                 params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
+                adapter = self._adapters[m["kind"]]
                 try:
-                    await self._hot(scope, receive, send, self._adapters[m["kind"]], params)
+                    await self._hot(scope, receive, send, adapter, params)
                 except Exception as exc:  # noqa: BLE001 - never a traceback to the harness
                     log.error("internal error on POST %s", scope["path"], exc_info=exc)
                     err = ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy's log",
                                      "server_error")
                     try:
-                        await error_response(err)(scope, receive, send)
+                        await adapter.error(err)(scope, receive, send)
                     except Exception:  # noqa: BLE001 - the response had already started
                         pass
                 return

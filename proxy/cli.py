@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,13 +35,24 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         timeout: float = typer.Option(600.0, "--timeout", help="Upstream timeout in seconds."),
         served_model_name: str = typer.Option(None, "--served-model-name", help="Model name to report and forward."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed of the local backend."),
-        log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+        log_level: str = typer.Option("warning", "--log-level", help="Log level (info: a line per call)."),
+        log_format: str = typer.Option("text", "--log-format", help="'text' or 'json' (one JSON object a line, "
+                                       "with the call id on lines about a call)."),
+        strict_rollouts: bool = typer.Option(False, "--strict-rollouts", help="Refuse calls to a rollout id that "
+                                             "does not exist (404) instead of creating it on first use."),
+        prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Memory bound of the prefix index "
+                                              "(recent calls per session, for prefix-consistent prompts), MiB."),
+        db_lock_timeout: float = typer.Option(5.0, "--db-lock-timeout", help="PostgreSQL: seconds a statement "
+                                              "may wait for a lock (and a call for its locked rollout row)."),
+        db_statement_timeout: float = typer.Option(30.0, "--db-statement-timeout",
+                                                   help="PostgreSQL: seconds a statement may run."),
         no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (it is never "
                                    "served with --api-key: the viewer has no authentication)."),
     ) -> None:
         """Run the recording proxy: an OpenAI-compatible endpoint that records every call."""
         from rich.console import Console
 
+        from harnessrl.proxy.logs import configure
         from harnessrl.proxy.server import ProxyConfig, serve
 
         from harnessrl.errors import UserError
@@ -56,15 +68,22 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           max_body_bytes=int(max_body_mb * 1024 * 1024),
                           max_metadata_bytes=int(max_metadata_kb * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
-                          log_level=log_level)
+                          log_level=log_level, log_format=log_format, strict_rollouts=strict_rollouts,
+                          prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024), db_lock_timeout_s=db_lock_timeout,
+                          db_statement_timeout_s=db_statement_timeout)
         cfg.check()
+        log_config = configure(log_format, log_level)
         target = upstream if backend == "upstream" else f"local model {model}"
         console = Console(stderr=True)
+        say, warn = console.print, lambda msg: console.print(f"[yellow]warning:[/yellow] {msg}")
+        if log_format == "json":  # every line on stderr is then a JSON object
+            log = logging.getLogger("harnessrl.proxy")
+            say, warn = (lambda msg: log.warning("%s", msg)), (lambda msg: log.warning("warning: %s", msg))
         if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
-            console.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach "
-                          "this port can make model calls and read or write rollouts")
-        console.print(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
+            warn(f"listening on {host} without --api-key: anyone who can reach this port can make model calls and "
+                 "read or write rollouts")
+        say(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
         with_ui = ui is not None and not no_ui and not api_key
         if with_ui:
-            console.print(f"trace viewer on http://{host}:{port}/ui/")
-        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer)}) if with_ui else None)
+            say(f"trace viewer on http://{host}:{port}/ui/")
+        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer)}) if with_ui else None, log_config)

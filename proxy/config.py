@@ -29,6 +29,11 @@ class ProxyConfig:
     # upstream weight pushes: (checkpoint dir, version or None) -> new version; without it 400
     reload_hook: Callable[[str, str | None], str] | None = None
     log_level: str = "warning"
+    log_format: str = "text"  # "text" | "json" (one JSON object a line, with the call id)
+    strict_rollouts: bool = False  # a call to an unknown rollout id: 404 instead of creating it
+    db_lock_timeout_s: float = 5.0  # PostgreSQL lock_timeout; also how long a call waits on a locked rollout row
+    db_statement_timeout_s: float = 30.0  # PostgreSQL statement_timeout
+    prefix_cache_bytes: int = 256 * 1024 * 1024  # the prefix index's memory bound
 
     @property
     def prefix_mode(self) -> bool:
@@ -60,6 +65,10 @@ class ProxyConfig:
             if not all("!" <= c <= "~" for c in self.upstream_api_key):
                 # it goes into an HTTP header: no spaces, line breaks or non-ASCII
                 raise UserError("the upstream API key may only hold printable ASCII characters, no spaces")
+        if self.log_format not in ("text", "json"):
+            raise UserError(f"--log-format must be 'text' or 'json', got {self.log_format!r}")
+        if self.prefix_cache_bytes < 0:
+            raise UserError("--prefix-cache-mb must be >= 0")
         if self.max_body_bytes <= 0:
             raise UserError("--max-body-mb must be positive")
         if self.max_metadata_bytes <= 0:

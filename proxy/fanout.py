@@ -34,6 +34,7 @@ from harnessrl.proxy.errors import ProxyError, as_proxy_error, bad_request, erro
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.recorder import CallRecord
+from harnessrl.proxy.turns import Turn
 
 if TYPE_CHECKING:
     from harnessrl.proxy.serving import Serving, Wire
@@ -80,7 +81,7 @@ async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str
                 await g.aclose()
             return error_response(await _fail_all(serving, recs, errors, t0), headers)
         headers["x-harnessrl-calls"] = ",".join(r.id for r in recs)
-        return StreamingResponse(_relay(serving, req, ident, recs, wire, firsts, gens, t0),
+        return StreamingResponse(_relay(serving, req, ident, recs, wire, firsts, gens, t0, prompt.turn),
                                  media_type="text/event-stream", headers=headers)
     runs = await asyncio.gather(*(serving.route.run(sample_request(req, i), prompt) for i in range(k)),
                                 return_exceptions=True)
@@ -105,7 +106,7 @@ async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str
     except ProxyError as err:
         return error_response(err, headers)
     for i in chosen:
-        serving._remember(recs[i], ident, req, results[i])
+        serving._remember(recs[i], ident, req, results[i], prompt.turn)
     headers["x-harnessrl-call"] = recs[chosen[0]].id
     headers["x-harnessrl-calls"] = ",".join(recs[i].id for i in chosen)
     body = merge_responses([datas[i] for i in chosen], [r.usage for r in results])
@@ -161,7 +162,7 @@ async def _commit_all(serving: Serving, recs: list[CallRecord]) -> None:
 
 
 async def _relay(serving: Serving, req: Request, ident: Identity, recs: list[CallRecord], wire: Wire,
-                 firsts: list, gens: list[AsyncGenerator], t0: float) -> AsyncIterator[bytes]:
+                 firsts: list, gens: list[AsyncGenerator], t0: float, parent: Turn | None) -> AsyncIterator[bytes]:
     """Interleave the samples' deltas as they come (each tagged with its choice index); hold each
     choice's terminal deltas, and one merged usage chunk, until every sample is recorded."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -207,7 +208,7 @@ async def _relay(serving: Serving, req: Request, ident: Identity, recs: list[Cal
         held.append(Delta(usage=merged_usage([r.usage for r in done]), terminal=True))
     yield (wire.chunks(held) if held else b"") + wire.close(done[0])
     for rec, r in zip(recs, done):
-        serving._remember(rec, ident, req, r)
+        serving._remember(rec, ident, req, r, parent)
 
 
 async def _pump(i: int, first, gen: AsyncGenerator, queue: asyncio.Queue) -> None:

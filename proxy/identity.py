@@ -2,7 +2,8 @@
 
 In order of precedence: the URL path `/r/{rollout}/a/{agent}/v1/...` (a plain `base_url`
 carries it), `X-HarnessRL-*` headers, an API key `hrl-<rollout>-<agent>` (for harnesses that
-only let you set a URL and a key). With none, the call goes to the "unassigned" rollout.
+only let you set a URL and a key), sent as `Authorization: Bearer …` or, as the anthropic SDK
+does, `x-api-key: …`. With none, the call goes to the "unassigned" rollout.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ class Identity:
 
 
 def bearer(headers) -> str | None:
+    """The API key: `Authorization: Bearer KEY`, else `x-api-key: KEY` (Anthropic's header)."""
     auth = headers.get("authorization")
     if not auth:
-        return None
+        return headers.get("x-api-key") or None
     scheme, _, token = auth.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
 
@@ -60,7 +62,8 @@ def split_key(token: str | None, api_key: str | None) -> tuple[str | None, str |
 
 
 def check_auth(headers, api_key: str | None) -> None:
-    """With --api-key K, a client must send `Bearer K` or `Bearer hrl-<rollout>-<agent>:K`."""
+    """With --api-key K, a client must send `Bearer K` or `Bearer hrl-<rollout>-<agent>:K` (or
+    the same as `x-api-key`)."""
     if api_key is None:
         return
     token = bearer(headers) or ""
@@ -76,20 +79,21 @@ def identify(path_params: dict, headers, api_key: str | None) -> Identity:
     agent = path_params.get("agent") or headers.get("x-harnessrl-agent") or key_agent
     ident = Identity(rollout, agent, headers.get("x-harnessrl-session"), headers.get("x-harnessrl-parent-call"))
     for name in ("rollout", "agent", "session", "parent_call"):
-        check_id(name, getattr(ident, name))
+        value = getattr(ident, name)
+        if value is not None:
+            check_id(name, value)
     return ident
 
 
-def check_id(name: str, value: str | None) -> None:
-    """A rollout, agent, session or call id (from a path, a header, a key or a body)."""
-    if value is None:
-        return
+def check_id(name: str, value: str, param: str | None = None) -> None:
+    """400 unless `value` fits the charset and length of a `name` id (rollout, agent, ...)."""
     limit = _LIMITS[name]
     if len(value) > limit:
-        raise bad_request(f"{name} id is longer than {limit} characters", code="identity_too_long")
+        raise bad_request(f"{name} id is longer than {limit} characters", param, code="identity_too_long")
     if not _ID.fullmatch(value):
         # the value is not echoed: it may be a secret sent in the wrong place
-        raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", code="invalid_identity")
+        raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", param,
+                          code="invalid_identity")
 
 
 def check_labels(**labels: str | None) -> None:

@@ -78,6 +78,7 @@ class LocalBackend:
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
         self._lock = threading.Lock()  # held for a whole completion, and to swap weights
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harnessrl-local-backend")
+        self.generated_tokens = 0  # over all requests: shows whether an abandoned generation stopped
 
     @property
     def weight_version(self) -> str:
@@ -191,6 +192,7 @@ class LocalBackend:
                 out = model(input_ids=inputs, use_cache=True, **{self._cache_arg: cache})
                 cache = out[self._cache_arg]
                 token, logprob, top = self._sample(out.logits[0, -1].float(), params, generator)
+                self.generated_tokens += 1
                 if params.constraint is not None:
                     params.constraint.accept(token)
                 ids.append(token)

@@ -14,67 +14,12 @@ template puts after the end-of-turn token (P's text after its last EOS string, e
 
 from __future__ import annotations
 
-from array import array
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from harnessrl.messages import content_text
-
-
-@dataclass(slots=True)
-class Turn:
-    """A recorded call that later calls may extend."""
-
-    call_id: str
-    messages: list[dict]
-    tools: list | None
-    reply: dict  # the assistant message the proxy returned
-    exact: array  # prompt + completion ids, int32 (4 bytes a token, not a Python int each)
-    ends_turn: bool  # the completion ended with EOS
-
-    @classmethod
-    def of(cls, call_id: str, messages: list[dict], tools: list | None, reply: dict, prompt_ids: list[int],
-           completion_ids: list[int], eos_ids: frozenset[int] | set[int]) -> Turn:
-        exact = array("i", prompt_ids)
-        exact.extend(completion_ids)
-        return cls(call_id, messages, tools, reply, exact, bool(completion_ids) and completion_ids[-1] in eos_ids)
-
-    def starts(self, ids: list[int]) -> bool:
-        """Whether `ids` begins with this call's exact prompt + completion ids."""
-        n = len(self.exact)
-        return len(ids) >= n and array("i", ids[:n]) == self.exact
-
-
-def _text(content: Any) -> str | None:
-    return content_text(content) or None
-
-
-def _args(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
-    return arguments
-
-
-def _norm(m: dict) -> tuple:
-    calls = tuple(
-        (tc.get("function", tc).get("name"), orjson.dumps(_args(tc.get("function", tc).get("arguments")),
-                                                         option=orjson.OPT_SORT_KEYS))
-        for tc in (m.get("tool_calls") or []) if isinstance(tc, dict)
-    )
-    return (m.get("role"), _text(m.get("content")), calls, m.get("tool_call_id"), m.get("name"))
-
-
-def same_message(a: dict, b: dict) -> bool:
-    """Equal as the model sees them: None/"" content alike, tool-call arguments as JSON values,
-    tool-call ids and extra SDK fields ignored."""
-    return a == b or _norm(a) == _norm(b)
+from harnessrl.proxy.turns import Turn
 
 
 def for_template(messages: list[dict]) -> list[dict]:
@@ -83,47 +28,9 @@ def for_template(messages: list[dict]) -> list[dict]:
     for m in messages:
         c = m.get("content")
         if c is None or isinstance(c, list):
-            m = {**m, "content": _text(c) or ""}
+            m = {**m, "content": content_text(c) or ""}
         out.append(m)
     return out
-
-
-class PrefixIndex:
-    """Recent calls per (rollout, agent, session), in memory: no DB query on the hot path."""
-
-    def __init__(self, per_key: int = 8, max_keys: int = 4096) -> None:
-        self._turns: OrderedDict[tuple, deque[Turn]] = OrderedDict()
-        self._per_key = per_key
-        self._max_keys = max_keys
-
-    def add(self, key: tuple, turn: Turn) -> None:
-        turns = self._turns.get(key)
-        if turns is None:
-            turns = self._turns[key] = deque(maxlen=self._per_key)
-            if len(self._turns) > self._max_keys:
-                self._turns.popitem(last=False)
-        else:
-            self._turns.move_to_end(key)
-        turns.append(turn)
-
-    def forget(self, rollout_id: str) -> None:
-        """Drop a finished rollout's calls."""
-        for key in [k for k in self._turns if k[0] == rollout_id]:
-            del self._turns[key]
-
-    def find(self, key: tuple, messages: list[dict], tools: list | None) -> Turn | None:
-        """The latest call whose messages + reply are the longest prefix of `messages`."""
-        best: Turn | None = None
-        for t in reversed(self._turns.get(key, ())):
-            k = len(t.messages)
-            if len(messages) <= k or (best is not None and k <= len(best.messages)) or t.tools != tools:
-                continue
-            if not same_message(messages[k], t.reply):
-                continue
-            head = messages[:k]
-            if head == t.messages or all(same_message(a, b) for a, b in zip(head, t.messages)):
-                best = t
-        return best
 
 
 @dataclass(slots=True)
@@ -171,7 +78,7 @@ class Prompter:
     def extend(self, messages: list[dict], tools: list | None, turn: Turn) -> list[int] | None:
         """turn's exact ids + the rendered new messages, or None when the template does not
         render the conversation as an extension of the earlier one."""
-        k = len(turn.messages) + 1
+        k = turn.n_messages + 1
         p = self.render_text(messages[:k], tools, False)
         f = self.render_text(messages, tools, True)
         cut = p.rfind(self.eos_text)

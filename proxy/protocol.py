@@ -10,7 +10,7 @@ An adapter renders deltas and results in its own wire format (`openai_wire` for 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harnessrl.proxy.prefix import Turn
@@ -23,6 +23,9 @@ class Request:
 
     body: dict[str, Any]
     chat: bool = True
+    # another API surface's own request ({api, body, headers}): recorded beside the chat body
+    # (under "harnessrl_surface"), never forwarded
+    surface: dict[str, Any] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -75,6 +78,17 @@ class Request:
 
 
 @dataclass(slots=True)
+class Progress:
+    """What a stream has generated so far, kept up to date by the route: a stream the harness
+    abandons is recorded with it (status "cancelled")."""
+
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # pieces of the completion text
+
+
+@dataclass(slots=True)
 class Prompt:
     """How a route builds the prompt, known before the model runs (recorded even when it fails)."""
 
@@ -83,6 +97,7 @@ class Prompt:
     drift: bool | None = None
     ids: list[int] | None = None  # token routes: the prompt ids
     turn: Turn | None = None  # the earlier call this one extends
+    progress: Progress = field(default_factory=Progress)  # streams: filled as tokens arrive
 
 
 @dataclass(slots=True)

@@ -4,68 +4,39 @@ A call's response is released only after its row is committed. To make that chea
 load, one writer thread owns a DB connection and commits whatever has queued up while the
 previous commit ran, in one transaction (group commit); each request awaits its batch.
 
-`seq` is allocated in the same transaction with `UPDATE rollouts SET next_seq = next_seq + n
-... RETURNING next_seq`: the row lock (PostgreSQL) or the write lock (SQLite) makes this safe
-with several proxy processes on one DB, and a call that extends an earlier one always gets a
-larger seq because the earlier one was committed before its response was released.
+`seq` is allocated in the same transaction from the rollout row (`callrows`): the row lock
+(PostgreSQL) or the write lock (SQLite) makes this safe with several proxy processes on one DB,
+and a call that extends an earlier one always gets a larger seq because the earlier one was
+committed before its response was released. A rollout whose row someone else holds locked is
+skipped, not waited for: its calls are retried on their own (for up to `busy_s`, then a
+retryable 503) while every other rollout's calls keep committing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import queue
 import threading
 import time
 from collections import deque
-from dataclasses import field, fields, make_dataclass
 from typing import Any
 
-import orjson
-from sqlalchemy import JSON, Engine
+from sqlalchemy import Engine
 
-from harnessrl.records import UNASSIGNED_ROLLOUT, Call, NulSafeText, escape_nul
+from harnessrl.proxy.callrows import BUSY, CALLS as _CALLS, CallRecord, RecordError, RolloutFinished, RowWriter
+from harnessrl.records import escape_nul
 
-
-_CALLS = Call.__table__
+__all__ = ["CallRecord", "DatabaseUnavailable", "RecordError", "Recorder", "RolloutBusy", "RolloutFinished"]
 log = logging.getLogger("harnessrl.proxy.recorder")
-
-
-def _record_class() -> type:
-    """A slots dataclass with one field per column of `calls` but `seq` (allocated at commit):
-    cheap to build on the hot path, and defined by the ORM table alone. Non-null columns without
-    a default are required keywords; the rest default to the column's default, else None."""
-    spec: list[tuple] = []
-    for c in _CALLS.columns:
-        if c.name == "seq":
-            continue
-        if c.default is not None:
-            spec.append((c.name, Any, field(default=c.default.arg)))
-        elif c.nullable:
-            spec.append((c.name, Any, field(default=None)))
-        else:
-            spec.append((c.name, Any))
-    cls = make_dataclass("CallRecord", spec, slots=True, kw_only=True)
-    cls.__module__ = __name__
-    return cls
-
-
-CallRecord = _record_class()
-_COLUMNS = [f.name for f in fields(CallRecord)]
-_JSON_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(_CALLS.c[name].type, JSON)]
-# written raw, so escaped here as the ORM type would (model text may hold U+0000)
-_NUL_SAFE_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(_CALLS.c[name].type, NulSafeText)]
-_values = operator.attrgetter(*_COLUMNS)
-
-
-class RecordError(Exception):
-    """A call could not be recorded. Its message is safe to show the harness: database error
-    text is logged with the call id, never put here."""
 
 
 class DatabaseUnavailable(RecordError):
     """The records DB cannot be reached now; the harness may retry the call (503)."""
+
+
+class RolloutBusy(DatabaseUnavailable):
+    """The call's rollout row stayed locked by someone else for `busy_s`; retry the call (503)."""
 
 
 class _Lost(Exception):
@@ -75,10 +46,8 @@ class _Lost(Exception):
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0
 _UNRECORDED = "the records database refused it (the proxy log has the reason for this call id)"
 _UNAVAILABLE = "the records database is unavailable; retry the call"
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else orjson.dumps(value).decode()
+_LOCKED = "the rollout's database row is locked by another session; retry the call"
+_BUSY_POLL = 0.02  # how soon a call whose rollout row is locked is tried again
 
 
 class Recorder:
@@ -91,21 +60,17 @@ class Recorder:
     batches fail at once, with reconnects spaced by exponential backoff. Calls answered that
     way are kept (up to `backlog`) and written as failed calls once the DB is back."""
 
-    def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, backlog: int = 10_000) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, backlog: int = 10_000,
+                 busy_s: float = 5.0, metrics: Any = None) -> None:
         self._engine = engine
         self._max_batch = max_batch
         self._retry_s = retry_s
-        mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
-        self._mark = mark
-        cols = _COLUMNS + ["seq"]
-        self._insert = f"INSERT INTO {_CALLS.name} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
-        self._bump = f"UPDATE rollouts SET next_seq = next_seq + {mark} WHERE id = {mark} RETURNING next_seq"
-        self._ensure_unassigned = (
-            f"INSERT INTO rollouts (id, status, next_seq, created_at) VALUES ({mark}, 'running', 0, {mark}) "
-            "ON CONFLICT (id) DO NOTHING"
-        )
-        self._unassigned_ok = False
+        self._busy_s = busy_s
+        self._metrics = metrics  # `metrics.RecorderMetrics`-like: commit latency, DB errors (or None)
+        self._rows = RowWriter(engine.dialect.name, engine.dialect.paramstyle)
+        self._mark = self._rows.mark
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: list[tuple[tuple, float]] = []  # (queue item, when first BUSY): rollout row locked
         self._dbapi_error = engine.dialect.loaded_dbapi.Error
         self._conn = engine.raw_connection()  # opened here so a bad DB fails at start, not per call
         self._state, self._last_error = "ok", None
@@ -123,6 +88,15 @@ class Recorder:
         self._queue.put((rec, fut, loop))
         await fut
 
+    def submit(self, rec: CallRecord) -> None:
+        """Record `rec` with nobody waiting for it (a stream the harness abandoned: its task may
+        already be cancelled); an error is only logged."""
+        self._queue.put((rec, None, None))
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize() + len(self._waiting)
+
     def health(self) -> dict[str, Any]:
         """The writer's state for readiness probes: `writer` is "ok", "reconnecting" (the DB
         connection is lost; calls get 503) or "stopped"; `last_error` the class name of the last
@@ -139,40 +113,74 @@ class Recorder:
     # writer thread
     def _run(self) -> None:
         try:
-            while True:
-                item = self._queue.get()
-                if item is None:
-                    return
-                batch = [item]
-                stop = False
-                while len(batch) < self._max_batch:
-                    try:
-                        nxt = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is None:
-                        stop = True
-                        break
-                    batch.append(nxt)
+            stop = False
+            while not stop:
+                batch, since, stop = self._take()
+                if not batch:
+                    continue
                 recs = [b[0] for b in batch]
+                t0 = time.perf_counter()
                 try:
-                    errors = self._commit_batch(recs)
+                    outcomes = self._commit_batch(recs)
                 except Exception:  # noqa: BLE001 - the writer must outlive any one batch
                     log.exception("recorder: unexpected error writing calls %s", [r.id for r in recs])
-                    errors = [RecordError(_UNRECORDED)] * len(recs)
-                self.committed += sum(e is None for e in errors)
-                by_loop: dict[Any, list] = {}
-                for (_, fut, loop), err in zip(batch, errors):
-                    by_loop.setdefault(loop, []).append((fut, err))
-                for loop, done in by_loop.items():
-                    loop.call_soon_threadsafe(_resolve, done)
-                if stop:
-                    return
+                    outcomes = [RecordError(_UNRECORDED)] * len(recs)
+                if self._metrics is not None:
+                    self._metrics.commit(time.perf_counter() - t0)
+                self.committed += sum(e is None for e in outcomes)
+                self._answer(batch, since, outcomes, stop)
         finally:
             if self._conn is not None:
                 self._conn.close()
 
-    def _commit_batch(self, recs: list[CallRecord]) -> list[Exception | None]:
+    def _take(self) -> tuple[list[tuple], list[float | None], bool]:
+        """The next batch: calls waiting on a locked rollout row, then what has queued up (a short
+        wait when some are waiting, so they are retried soon); and whether close() was called."""
+        waiting, self._waiting = self._waiting, []
+        batch = [w[0] for w in waiting]
+        since: list[float | None] = [w[1] for w in waiting]
+        try:
+            item = self._queue.get(timeout=_BUSY_POLL) if batch else self._queue.get()
+        except queue.Empty:
+            return batch, since, False
+        while item is not None:
+            batch.append(item)
+            since.append(None)
+            if len(batch) >= self._max_batch:
+                return batch, since, False
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, since, False
+        return batch, since, True
+
+    def _answer(self, batch: list[tuple], since: list[float | None], outcomes: list, stopping: bool) -> None:
+        now = time.monotonic()
+        by_loop: dict[Any, list] = {}
+        for item, first, out in zip(batch, since, outcomes):
+            rec, fut, loop = item
+            if out is BUSY:
+                first = now if first is None else first
+                if now - first < self._busy_s and not stopping:
+                    self._waiting.append((item, first))
+                    continue
+                if fut is not None and not stopping:
+                    # answered 503 now; written as a failed call if the row frees up in time
+                    log.warning("recorder: call %s answered 503: its rollout row stayed locked", rec.id,
+                                extra={"call_id": rec.id})
+                    rec.status, rec.error = "error", f"503 server_error: {_LOCKED}" + (
+                        f" (after {rec.error})" if rec.error else "")
+                    self._waiting.append(((rec, None, None), now))
+                out = RolloutBusy(_LOCKED)
+            if fut is None:
+                if out is not None and not isinstance(out, RolloutFinished):  # that one is written, as failed
+                    log.warning("recorder: call %s not recorded (%s)", rec.id, out, extra={"call_id": rec.id})
+                continue
+            by_loop.setdefault(loop, []).append((fut, out))
+        for loop, done in by_loop.items():
+            loop.call_soon_threadsafe(_resolve, done)
+
+    def _commit_batch(self, recs: list[CallRecord]) -> list[Any]:
         # a batch that meets a lost connection gets `retry_s` to reconnect; while the DB is
         # known to be away, a batch gets one try (if the backoff allows one) and fails fast
         deadline = time.monotonic() + (self._retry_s if self._state == "ok" else 0.0)
@@ -204,6 +212,7 @@ class Recorder:
         try:
             conn = self._engine.raw_connection()  # pre-pinged by the pool
         except Exception as exc:  # noqa: BLE001 - any failure to connect: still away
+            self._db_error()
             self._next_try, self._backoff = now + self._backoff, min(2 * self._backoff, _MAX_BACKOFF)
             raise _Lost from exc
         self._conn, self._state, self._backoff = conn, "ok", _MIN_BACKOFF
@@ -218,7 +227,7 @@ class Recorder:
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
             self._conn = None
-        self._unassigned_ok = False
+        self._rows.unassigned_ok = False
         if exc is not None:
             self._last_error = type(exc).__name__
             if self._state == "ok":
@@ -252,6 +261,8 @@ class Recorder:
         except _Lost:
             self._backlog.extendleft(reversed(pending))
             raise
+        todo = [r for r in pending if r.id not in present]
+        self._backlog.extend(r for r, e in zip(todo, errors) if e is BUSY)
         log.warning("recorder: recorded %d calls answered 503 while the DB was away",
                     sum(e is None for e in errors))
 
@@ -279,7 +290,7 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001 - only a lost connection is expected here
             raise _Lost from exc
 
-    def _write(self, conn, recs: list[CallRecord]) -> list[Exception | None]:
+    def _write(self, conn, recs: list[CallRecord]) -> list[Any]:
         if not recs:
             return []
         try:
@@ -303,7 +314,8 @@ class Recorder:
     def _rollback(self, conn, exc: Exception) -> None:
         """Roll back after `exc`; raise `_Lost` if `exc` (or the rollback) shows the
         connection is gone."""
-        self._unassigned_ok = False
+        self._rows.unassigned_ok = False
+        self._db_error()
         dbapi_conn = conn.dbapi_connection
         if dbapi_conn is None or (isinstance(exc, self._dbapi_error)
                                   and self._engine.dialect.is_disconnect(exc, dbapi_conn, None)):
@@ -313,40 +325,15 @@ class Recorder:
         except Exception as rb_exc:  # noqa: BLE001 - a rollback that fails: the connection is gone
             raise _Lost from rb_exc
 
-    def _write_batch(self, conn, recs: list[CallRecord]) -> list[Exception | None]:
+    def _db_error(self) -> None:
+        if self._metrics is not None:
+            self._metrics.db_error()
+
+    def _write_batch(self, conn, recs: list[CallRecord]) -> list[Any]:
         cur = conn.cursor()
-        now = time.time()
-        if not self._unassigned_ok and any(r.rollout_id == UNASSIGNED_ROLLOUT for r in recs):
-            cur.execute(self._ensure_unassigned, (UNASSIGNED_ROLLOUT, now))
-            self._unassigned_ok = True
-        by_rollout: dict[str, list[int]] = {}
-        for i, r in enumerate(recs):
-            by_rollout.setdefault(r.rollout_id, []).append(i)
-        errors: list[Exception | None] = [None] * len(recs)
-        rows = []
-        # sorted: concurrent proxies lock rollout rows in the same order (no deadlock)
-        for rid in sorted(by_rollout):
-            idx = by_rollout[rid]
-            cur.execute(self._bump, (len(idx), rid))
-            got = cur.fetchall()
-            if not got:
-                for i in idx:
-                    errors[i] = RecordError(f"rollout {rid!r} does not exist")
-                continue
-            seq = got[0][0] - len(idx)
-            for i in idx:
-                row = list(_values(recs[i]))
-                for j in _JSON_AT:
-                    row[j] = _json(row[j])
-                for j in _NUL_SAFE_AT:
-                    row[j] = escape_nul(row[j])
-                row.append(seq)
-                rows.append(row)
-                seq += 1
-        if rows:
-            cur.executemany(self._insert, rows)
+        outcomes = self._rows.write(cur, recs, time.time())
         cur.close()
-        return errors
+        return outcomes
 
 
 def _resolve(done: list) -> None:

@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, literal, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from harnessrl.proxy.errors import ProxyError
@@ -30,37 +31,57 @@ class Rollouts:
     def __init__(self, session_factory: sessionmaker[Session]) -> None:
         self.Session = session_factory
 
-    def create(self, task_id: str | None, group_id: str | None, run: str | None, metadata: dict | None) -> Rollout:
-        r = Rollout(id=uuid.uuid4().hex, task_id=task_id, group_id=group_id, run=run, meta=metadata,
+    def create(self, task_id: str | None, group_id: str | None, run: str | None, metadata: dict | None,
+               rollout_id: str | None = None) -> Rollout:
+        """A new running rollout; `rollout_id` chosen by the client (409 if it is taken)."""
+        r = Rollout(id=rollout_id or uuid.uuid4().hex, task_id=task_id, group_id=group_id, run=run, meta=metadata,
                     status="running", next_seq=0, created_at=time.time())
-        with self.Session.begin() as s:
-            s.add(r)
+        try:
+            with self.Session.begin() as s:
+                s.add(r)
+        except IntegrityError:
+            raise ProxyError(409, f"rollout {r.id!r} already exists", code="rollout_exists") from None
         return r
 
-    def status(self, rollout_id: str) -> str | None:
+    def status(self, rollout_id: str, create: bool = False) -> str | None:
+        """The rollout's status; with `create`, a missing rollout is created first (running, no task)."""
         with self.Session() as s:
-            return s.scalar(select(Rollout.status).where(Rollout.id == rollout_id))
+            status = s.scalar(select(Rollout.status).where(Rollout.id == rollout_id))
+        if status is not None or not create:
+            return status
+        try:
+            with self.Session.begin() as s:
+                s.add(Rollout(id=rollout_id, status="running", next_seq=0, created_at=time.time()))
+        except IntegrityError:  # created meanwhile by another request or proxy
+            return self.status(rollout_id)
+        return "running"
 
     def outcome(self, rollout_id: str, value: float, name: str, meta: dict | None) -> int:
-        with self.Session.begin() as s:
-            if s.get(Rollout, rollout_id) is None:
-                raise _not_found("rollout", rollout_id)
-            rw = Reward(rollout_id=rollout_id, call_id=None, kind="outcome", name=name, value=value, meta=meta,
-                        created_at=time.time())
-            s.add(rw)
-            s.flush()
-            return rw.id
+        return self._reward(rollout_id, None, "outcome", name, value, meta)
 
     def process(self, call_id: str, value: float, name: str, meta: dict | None) -> int:
-        with self.Session.begin() as s:
+        with self.Session() as s:
             rollout_id = s.scalar(select(Call.rollout_id).where(Call.id == call_id))
-            if rollout_id is None:
-                raise _not_found("call", call_id)
-            rw = Reward(rollout_id=rollout_id, call_id=call_id, kind="process", name=name, value=value, meta=meta,
-                        created_at=time.time())
-            s.add(rw)
-            s.flush()
-            return rw.id
+        if rollout_id is None:
+            raise _not_found("call", call_id)
+        return self._reward(rollout_id, call_id, "process", name, value, meta)
+
+    def _reward(self, rollout_id: str, call_id: str | None, kind: str, name: str, value: float,
+                meta: dict | None) -> int:
+        # inserted only while the rollout runs, checked in the insert itself: a finish that
+        # commits first (through any proxy) wins, and the reward is refused
+        row = select(literal(rollout_id), literal(call_id), literal(kind), literal(name), literal(value),
+                     literal(meta, Reward.meta.type), literal(time.time())).where(
+            Rollout.id == rollout_id, Rollout.status == "running")
+        cols = ["rollout_id", "call_id", "kind", "name", "value", "meta", "created_at"]
+        with self.Session.begin() as s:
+            rid = s.scalar(insert(Reward).from_select(cols, row).returning(Reward.id))
+            if rid is not None:
+                return rid
+            if s.get(Rollout, rollout_id) is None:
+                raise _not_found("rollout", rollout_id)
+            raise ProxyError(409, f"rollout {rollout_id!r} is finished: rewards are taken while it runs",
+                             code="rollout_finished")
 
     def finish(self, rollout_id: str) -> Rollout:
         with self.Session.begin() as s:

@@ -46,20 +46,27 @@ class PassThroughRoute:
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
         asm = StreamAssembler(wants, req.chat)
+        progress = prompt.progress  # the assembler's own lists: what has come so far
+        progress.completion_ids, progress.logprobs, progress.text = (
+            asm.ex.completion_ids, asm.ex.logprobs, asm.content)  # type: ignore[assignment]
         buf = bytearray()
-        async for data in chunks:
-            batch = []
-            for payload in sse_events(buf, data):
-                if payload == b"[DONE]":
-                    continue
-                try:
-                    delta = asm.feed(orjson.loads(payload))
-                except Exception as exc:  # noqa: BLE001
-                    raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
-                if delta is not None:
-                    batch.append(delta)
-            if batch:
-                yield batch
+        try:
+            async for data in chunks:
+                batch = []
+                for payload in sse_events(buf, data):
+                    if payload == b"[DONE]":
+                        continue
+                    try:
+                        delta = asm.feed(orjson.loads(payload))
+                    except Exception as exc:  # noqa: BLE001
+                        raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
+                    if delta is not None:
+                        batch.append(delta)
+                progress.prompt_ids = asm.ex.prompt_ids
+                if batch:
+                    yield batch
+        finally:  # a harness that hung up: the upstream connection is closed, so it stops generating
+            await chunks.aclose()  # type: ignore[attr-defined]
         try:
             ex, full = asm.finish()
         except Exception as exc:  # noqa: BLE001

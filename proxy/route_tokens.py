@@ -5,7 +5,7 @@ assistant message is parsed from the text (hermes `<tool_call>` blocks)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenBackend, TokenDelta
@@ -87,7 +87,17 @@ class TokenRoute:
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
         items = self.backend.stream(prompt.ids, self._params(req))
+        try:  # closing this stream (the harness hung up) closes the backend's: generation stops
+            async for out in self._deltas(req, prompt, items):
+                yield out
+        finally:
+            await items.aclose()
+
+    async def _deltas(self, req: Request, prompt: Prompt,
+                      items: AsyncGenerator[TokenDelta | Completion, None]) -> AsyncIterator[list[Delta] | Result]:
         first = await anext(items)  # a rejected prompt fails here, before the 200
+        progress = prompt.progress
+        progress.prompt_ids = prompt.ids
         want_ids = req.token_ids
         lead = [Delta(role="assistant", content="", prompt_ids=prompt.ids if want_ids else None)] if req.chat else []
         tools = req.chat and self._tool_parsing(req)
@@ -101,6 +111,9 @@ class TokenRoute:
                 comp = item
                 break
             text += item.text
+            progress.completion_ids.append(item.token_id)
+            progress.logprobs.append(item.logprob)
+            progress.text.append(item.text)
             upto = streamable_prefix(text) if tools else len(text)
             out = lead
             if upto > sent or want_lp or want_ids:

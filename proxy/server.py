@@ -39,10 +39,11 @@ def build_app(cfg: ProxyConfig, backend=None, adapters=None):
     return create_app(cfg, backend if backend is not None else load_backend(cfg), adapters or ADAPTERS)
 
 
-def _uvicorn_config(app, cfg: ProxyConfig) -> uvicorn.Config:
+def _uvicorn_config(app, cfg: ProxyConfig, log_config: dict | None = None) -> uvicorn.Config:
+    extra = {"log_config": log_config} if log_config is not None else {}
     return uvicorn.Config(app, loop="uvloop", http="httptools", log_level=cfg.log_level, access_log=False,
                           lifespan="on", timeout_keep_alive=75, backlog=4096,
-                          proxy_headers=False)
+                          proxy_headers=False, **extra)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -58,15 +59,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None) -> None:
+def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None,
+          log_config: dict | None = None) -> None:
     """Run in the foreground until interrupted. `mounts()`: path → ASGI app served beside the API
     (the app layer passes the trace viewer at /ui), on FastAPI's side of the hot-path split;
-    called once the app (and so the records DB) exists."""
+    called once the app (and so the records DB) exists. `log_config`: uvicorn's, from `logs.configure`."""
     app = build_app(cfg)
     for path, sub in (mounts() if mounts else {}).items():
         app.api.mount(path, sub)
     sock = _bind(cfg.host, cfg.port)
-    uvicorn.Server(_uvicorn_config(app, cfg)).run(sockets=[sock])
+    uvicorn.Server(_uvicorn_config(app, cfg, log_config)).run(sockets=[sock])
 
 
 @dataclass

@@ -8,8 +8,10 @@ gets its answer (or its OpenAI-shaped error) only once that record is committed.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,9 +20,10 @@ from starlette.responses import Response, StreamingResponse
 
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity
-from harnessrl.proxy.prefix import PrefixIndex, Turn
-from harnessrl.proxy.protocol import Delta, Request, Result, Route
-from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder
+from harnessrl.proxy.protocol import Delta, Progress, Prompt, Request, Result, Route
+from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder, RolloutFinished
+from harnessrl.proxy.status import RolloutStatus, finished
+from harnessrl.proxy.turns import PrefixIndex, Turn
 from harnessrl.records import pack_ids, pack_logprobs
 
 
@@ -45,17 +48,32 @@ class Adapter:
     path: str  # under /v1/, e.g. "chat/completions"
     request: Callable[[dict], Request]
     wire: Callable[[Request, str, str], Wire]  # (request, call id, served model name) -> Wire
+    # how this surface answers an error, also one raised before its request is read (bad JSON, auth)
+    error: Callable[..., Response] = error_response  # (error, headers=None)
+    # a step that needs the records DB (Responses' previous_response_id): (request, fetch) ->
+    # request, where `await fetch(call_id)` is a recorded call (`stored_responses.load`) or None
+    resolve: Callable[[Request, Callable[[str], Awaitable[dict | None]]], Awaitable[Request]] | None = None
+    headers: tuple[str, ...] = ()  # request headers recorded with the call (in `Request.surface`)
+
+
+log = logging.getLogger("harnessrl.proxy.calls")
 
 
 class Serving:
-    """One route behind any number of API adapters; owns the in-memory prefix index."""
+    """One route behind any number of API adapters; owns the in-memory prefix index.
+    `statuses` learns of rollouts found finished at commit; `metrics` (`metrics.ProxyMetrics`)
+    counts every call once it is answered."""
 
-    def __init__(self, route: Route, recorder: Recorder) -> None:
+    def __init__(self, route: Route, recorder: Recorder, statuses: RolloutStatus | None = None,
+                 prefix_bytes: int = 256 * 1024 * 1024, metrics=None) -> None:
         self.route = route
         self.recorder = recorder
-        self.index = PrefixIndex()
+        self.index = PrefixIndex(max_bytes=prefix_bytes)
+        self.statuses = statuses
+        self.metrics = metrics
 
-    async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire) -> Response:
+    async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire,
+                     errors: Callable[..., Response] = error_response) -> Response:
         if req.endpoint == "embeddings":
             from harnessrl.proxy.embeddings import serve_embeddings
 
@@ -71,22 +89,24 @@ class Serving:
             turn = self.index.find(_key(ident), req.messages, req.tools) if req.chat else None
             prompt = self.route.prompt(req, turn)
             rec.prompt_path, rec.prefix_call_id, rec.drift = prompt.path, prompt.prefix_call_id, prompt.drift
+            tm = time.perf_counter()  # the model's (or upstream's) share of the latency starts here
             if req.stream:
                 events = self.route.stream(req, prompt)
                 first = await anext(events)
-                return StreamingResponse(self._relay(req, ident, rec, wire, first, events, t0),
-                                         media_type="text/event-stream", headers=headers)
+                return _ClosingStream(self._relay(req, ident, rec, wire, first, events, t0, tm, prompt),
+                                      media_type="text/event-stream", headers=headers)
             result = await self.route.run(req, prompt)
+            model_s = time.perf_counter() - tm
             data = wire.response(result)
             self._fill(rec, result, data, t0)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
             err = await self._fail(rec, as_proxy_error(exc, rec.id), t0)
-            return error_response(err, headers)
+            return errors(err, headers)
         try:
-            await self._commit(rec)
+            await self._commit(rec, model_s)
         except ProxyError as err:
-            return error_response(err, headers)
-        self._remember(rec, ident, req, result)
+            return errors(err, headers)
+        self._remember(rec, ident, req, result, prompt.turn)
         return Response(orjson.dumps(data), 200, headers, "application/json")
 
     def record(self, req: Request, ident: Identity, call_id: str) -> CallRecord:
@@ -95,11 +115,14 @@ class Serving:
         return CallRecord(id=call_id, rollout_id=ident.rollout, session_id=ident.session, agent=ident.agent,
                           parent_call_id=ident.parent_call, endpoint=req.endpoint,
                           model=getattr(self.route, "model_path", None) or req.body.get("model"),
-                          stream=req.stream, request=req.body, created_at=time.time())
+                          stream=req.stream, created_at=time.time(),
+                          request=req.body if req.surface is None else {**req.body, "harnessrl_surface": req.surface})
 
     async def _relay(self, req: Request, ident: Identity, rec: CallRecord, wire: Wire, first: list[Delta] | Result,
-                     events: AsyncGenerator[list[Delta] | Result, None], t0: float) -> AsyncIterator[bytes]:
-        """Send deltas as they come, but hold the terminal ones until the call is committed."""
+                     events: AsyncGenerator[list[Delta] | Result, None], t0: float, tm: float,
+                     prompt: Prompt) -> AsyncIterator[bytes]:
+        """Send deltas as they come, but hold the terminal ones until the call is committed. A
+        harness that hangs up first leaves a "cancelled" call with what was generated."""
         held: list[Delta] = []
         item = first
         try:
@@ -114,19 +137,23 @@ class Serving:
                     if item is None:
                         raise RuntimeError("the model stream ended without a result")
                 result = item
+                model_s = time.perf_counter() - tm
                 self._fill(rec, result, wire.response(result), t0)
+            except (GeneratorExit, asyncio.CancelledError):
+                self._cancelled(rec, prompt.progress, t0)
+                raise
             except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
                 yield wire.error(await self._fail(rec, as_proxy_error(exc, rec.id), t0))
                 return
         finally:  # a harness that hung up stops the model too
             await events.aclose()
         try:
-            await self._commit(rec)
+            await self._commit(rec, model_s)
         except ProxyError as err:
             yield wire.error(err)
             return
         yield (wire.chunks(held) if held else b"") + wire.close(result)
-        self._remember(rec, ident, req, result)
+        self._remember(rec, ident, req, result, prompt.turn)
 
     def _fill(self, rec: CallRecord, r: Result, data: dict, t0: float) -> None:
         rec.prompt_ids = pack_ids(r.prompt_ids)
@@ -153,22 +180,63 @@ class Serving:
             return commit_err
         return err
 
-    async def _commit(self, rec: CallRecord) -> None:
+    def _cancelled(self, rec: CallRecord, progress: Progress, t0: float) -> None:
+        """Record a stream the harness abandoned, with what was generated until then. Not awaited:
+        the task may be cancelled already."""
+        rec.status, rec.error = "cancelled", "the client closed the stream before it ended"
+        rec.prompt_ids = pack_ids(progress.prompt_ids)
+        rec.completion_ids = pack_ids(progress.completion_ids)
+        rec.completion_logprobs = pack_logprobs(progress.logprobs)
+        rec.response_text = "".join(progress.text)
+        rec.prompt_tokens = len(progress.prompt_ids) if progress.prompt_ids is not None else None
+        rec.completion_tokens = len(progress.completion_ids)
+        rec.latency_ms = (time.perf_counter() - t0) * 1e3
+        self.recorder.submit(rec)
+        self._done(rec, None, True)
+
+    async def _commit(self, rec: CallRecord, model_s: float | None = None) -> None:
         # the harness must not take an unrecorded answer; RecordError text is safe to show
         # (database error text is logged by the recorder with the call id)
         try:
             await self.recorder.commit(rec)
+        except RolloutFinished:
+            if self.statuses is not None:
+                self.statuses.set(rec.rollout_id, "finished")
+            self._done(rec, model_s, False)
+            raise finished(rec.rollout_id) from None
         except DatabaseUnavailable as exc:
+            self._done(rec, model_s, False)
             raise database_unavailable(str(exc)) from None
         except RecordError as exc:
+            self._done(rec, model_s, False)
             raise ProxyError(500, f"the call could not be recorded: {exc}", "server_error",
                              code="record_failed") from None
+        self._done(rec, model_s, True)
 
-    def _remember(self, rec: CallRecord, ident: Identity, req: Request, r: Result) -> None:
+    def _done(self, rec: CallRecord, model_s: float | None, recorded: bool) -> None:
+        status = rec.status if recorded else "error"
+        if self.metrics is not None:
+            self.metrics.call(rec.endpoint, status, (rec.latency_ms or 0.0) / 1e3, model_s)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s call %s: %s in %.1f ms%s", rec.endpoint, rec.id, status, rec.latency_ms or 0.0,
+                     f" ({rec.error})" if rec.error else "", extra={"call_id": rec.id})
+
+    def _remember(self, rec: CallRecord, ident: Identity, req: Request, r: Result, parent: Turn | None) -> None:
         if not req.chat or r.message is None or not r.prompt_ids or r.completion_ids is None:
             return
         self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,
-                                            r.completion_ids, self.route.eos_ids))
+                                            r.completion_ids, self.route.eos_ids, parent))
+
+
+class _ClosingStream(StreamingResponse):
+    """Closes its body generator however the response ends: Starlette leaves an abandoned one
+    suspended until garbage collection, and the generator's cleanup records the call."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 def _key(ident: Identity) -> tuple:

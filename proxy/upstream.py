@@ -107,7 +107,9 @@ def _token_logprobs(choice: dict, chat: bool) -> list[float] | None:
 def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
     """Read the RL fields of a full (non-stream) response and remove what the harness did not ask for."""
     ex = Extract(usage=resp.get("usage"))
-    choices = resp.get("choices") or []
+    choices = resp.get("choices")
+    if not isinstance(choices, list) or not choices:  # an error the upstream sent as a 200
+        raise ValueError(f"the response has no choices: {orjson.dumps(resp)[:300]!r}")
     if chat:
         ex.prompt_ids = resp.get("prompt_token_ids") if wants.token_ids else resp.pop("prompt_token_ids", None)
     for i, ch in enumerate(choices):
@@ -170,6 +172,7 @@ class StreamAssembler:
     reasoning: list[str] = field(default_factory=list)
     tools: dict[int, dict] = field(default_factory=dict)
     head: dict = field(default_factory=dict)
+    answered: bool = False  # a chunk with a choice came
 
     def __post_init__(self) -> None:
         self.ex.completion_ids = []
@@ -189,6 +192,7 @@ class StreamAssembler:
             if not self.wants.usage_chunk:
                 chunk.pop("usage")
         choices = chunk.get("choices") or []
+        self.answered = self.answered or bool(choices)
         out = Delta(raw=chunk, usage=chunk.get("usage"), terminal=not choices)
         for ch in choices:
             if ch.get("index", 0) == 0:
@@ -241,6 +245,8 @@ class StreamAssembler:
 
     def finish(self) -> tuple[Extract, dict]:
         """The extract and the reassembled full response (what a non-stream call would return)."""
+        if not self.answered:
+            raise ValueError("the stream ended without a choice")
         ex = self.ex
         text = "".join(self.content)
         choice: dict[str, Any] = {"index": 0, "finish_reason": ex.finish_reason, "logprobs": None}

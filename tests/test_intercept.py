@@ -152,7 +152,6 @@ def test_only_llm_refuses_other_hosts_with_403(session):
     assert "CA certificate: " in banner and "mitmproxy-ca-cert.pem" in banner
 
 
-@pytest.mark.xfail(strict=True, reason="needs /v1/messages (issue 10 surfaces)")
 def test_anthropic_sdk_without_base_url_is_recorded_with_token_ids(session):
     assert session["clients"]["anthropic"] == "0"
     _, calls = _calls(session, "ns")

@@ -117,7 +117,7 @@ def _post(url: str, content: bytes, headers: dict | None = None) -> httpx.Respon
 
 
 def test_bad_inputs_get_openai_errors_and_write_nothing(upstream, db_target):
-    with run_proxy(ProxyConfig(db=db_target, upstream=upstream, port=0, max_body_bytes=4096)) as proxy:
+    with run_proxy(ProxyConfig(db=db_target, upstream=upstream, port=0, max_body_bytes=4096, strict_rollouts=True)) as proxy:
         chat = proxy.url + "/v1/chat/completions"
         cases = [
             (_post(chat, b"{not json"), 400, "invalid_json"),

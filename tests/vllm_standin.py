@@ -16,7 +16,8 @@ the chat template gives different ids (token drift), as real models do.
 
 Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malformed answers with
 status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
-(a stream chunk that is not JSON, after the first content chunk); "nul-output" answers text
+(a stream chunk that is not JSON, after the first content chunk), "no-choices" (`choices: null`,
+streams too), "slow-stream" (50 ms between streamed chat tokens); "nul-output" answers text
 holding U+0000 (as models sometimes do). With `api_key` it answers 401 to any request without
 `Authorization: Bearer <api_key>` (vLLM's `--api-key`) and keeps the Authorization headers it
 was sent in `app.state.auth_seen`. Run as a process:
@@ -179,6 +180,8 @@ class StandIn:
             if calls and "<tool_call>" in (streamed + piece):
                 break
             streamed += piece
+            if model == "slow-stream":
+                await asyncio.sleep(0.05)
             yield chunk({"content": piece}, [ids[i]], at=[i])
             if model == "bad-chunk":
                 yield b"data: {not json\n\n"
@@ -272,6 +275,9 @@ class StandIn:
             return _err(400, "injected bad request")
         if model == "slow":
             await asyncio.sleep(5)
+        if model == "no-choices":  # an error sent as a 200 (seen from overloaded gateways)
+            return Response(orjson.dumps({"object": "error", "message": "overloaded", "choices": None}),
+                            media_type="application/json")
         return None
 
 

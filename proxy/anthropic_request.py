@@ -1,0 +1,217 @@
+"""The Anthropic Messages API, request side: a `POST /v1/messages` (or `/count_tokens`) body,
+checked with errors that name its own fields the way Anthropic does (`messages.1.content.0.type`),
+translated to the internal chat body.
+
+`system` becomes the system message; an assistant turn's `thinking`, `text` and `tool_use` blocks
+one assistant message (thinking joined back into the content as the model wrote it,
+`surface_blocks.join_think`); a user turn's `tool_result` blocks tool messages (an `is_error`
+result's text starts with "Error: ", the one way chat can say so); `tools[].input_schema` a
+function's parameters; `tool_choice` auto/any/tool/none → auto/required/named/none; `stop_sequences`
+→ `stop`; `output_config.format` (a JSON schema) → `response_format`; `top_k` is passed on (vLLM
+honours it). `metadata`, `thinking`, effort and cache controls are recorded with the call and
+otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harnessrl.proxy.errors import ProxyError, bad_request
+from harnessrl.proxy.protocol import Request
+from harnessrl.proxy.surface_blocks import join_think
+from harnessrl.proxy.validate import check_chat
+
+RECORDED_HEADERS = ("anthropic-version", "anthropic-beta")
+
+
+def _bad(path: str, message: str) -> ProxyError:
+    return bad_request(f"{path}: {message}", param=path)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_CHECKS = (
+    ("model", lambda v: isinstance(v, str), "must be a string"),
+    ("max_tokens", lambda v: _int(v) and v >= 1, "must be a positive integer"),
+    ("stream", lambda v: isinstance(v, bool), "must be a boolean"),
+    ("temperature", lambda v: _num(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
+    ("top_p", lambda v: _num(v) and 0 < v <= 1, "must be a number in (0, 1]"),
+    ("top_k", lambda v: _int(v) and v >= 0, "must be a non-negative integer"),
+    ("stop_sequences", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+     "must be a list of strings"),
+    ("metadata", lambda v: isinstance(v, dict), "must be an object"),
+    ("tools", lambda v: isinstance(v, list), "must be a list"),
+)
+
+
+def to_request(body: dict) -> Request:
+    """The chat `Request` for a Messages body."""
+    if body.get("max_tokens") is None:
+        raise _bad("max_tokens", "field required")
+    return Request(translate(body), surface={"api": "anthropic", "body": body})
+
+
+def translate(body: dict) -> dict:
+    """The chat body for a Messages body (count_tokens bodies too: no max_tokens needed)."""
+    for name, ok, what in _CHECKS:
+        if body.get(name) is not None and not ok(body[name]):
+            raise _bad(name, what)
+    if not isinstance(body.get("model"), str):
+        raise _bad("model", "field required")
+    if body.get("mcp_servers"):
+        raise _bad("mcp_servers", "MCP servers are not supported by this proxy (connect them in the harness)")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "must be a non-empty list of messages")
+    messages: list[dict] = []
+    if body.get("system"):
+        messages.append({"role": "system", "content": _text(body["system"], "system")})
+    for i, m in enumerate(msgs):
+        p = f"messages.{i}"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise _bad(p, "must be an object with role 'user' or 'assistant'")
+        messages += _assistant(m.get("content"), p) if m["role"] == "assistant" else _user(m.get("content"), p)
+    if msgs[-1].get("role") == "assistant":
+        raise _bad(f"messages.{len(msgs) - 1}", "a final assistant message (prefill) is not supported by this proxy")
+    chat: dict[str, Any] = {"model": body["model"], "messages": messages, "stream": bool(body.get("stream"))}
+    for src, dst in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
+                     ("top_k", "top_k"), ("stop_sequences", "stop")):
+        if body.get(src) is not None:
+            chat[dst] = body[src]
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat.update(_tool_choice(body["tool_choice"]))
+    fmt = (body.get("output_config") or {}).get("format") if isinstance(body.get("output_config"), dict) else None
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise _bad("output_config.format", "must be {'type': 'json_schema', 'schema': {...}}")
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    check_chat(chat)
+    return chat
+
+
+def _blocks(content: Any, path: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise _bad(path, "must be a string or a list of content blocks")
+    for j, b in enumerate(content):
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            raise _bad(f"{path}.{j}", "must be a content block with a type")
+    return content
+
+
+def _text(content: Any, path: str) -> str:
+    """Text blocks joined (system prompts, tool results)."""
+    out = []
+    for j, b in enumerate(_blocks(content, path)):
+        if b["type"] != "text" or not isinstance(b.get("text"), str):
+            raise _bad(f"{path}.{j}.type", f"only text blocks are supported here, got {b['type']!r}")
+        out.append(b["text"])
+    return "\n".join(out)
+
+
+def _assistant(content: Any, path: str) -> list[dict]:
+    thinking: list[str] = []
+    texts: list[str] = []
+    calls: list[dict] = []
+    for j, b in enumerate(_blocks(content, f"{path}.content")):
+        p = f"{path}.content.{j}"
+        if b["type"] == "text" and isinstance(b.get("text"), str):
+            texts.append(b["text"])
+        elif b["type"] == "thinking" and isinstance(b.get("thinking"), str):
+            thinking.append(b["thinking"])
+        elif b["type"] == "tool_use":
+            if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or not isinstance(
+                    b.get("input"), dict):
+                raise _bad(p, "a tool_use block needs a string id and name and an object input")
+            calls.append({"id": b["id"], "type": "function", "function": {
+                "name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)}})
+        else:
+            raise _bad(f"{p}.type", f"{b['type']!r} blocks are not supported in assistant messages here "
+                                    "(text, thinking and tool_use are)")
+    content_text = join_think("".join(thinking) if thinking else None, "".join(texts))
+    msg: dict[str, Any] = {"role": "assistant", "content": content_text if content_text or not calls else None}
+    if calls:
+        msg["tool_calls"] = calls
+    return [msg]
+
+
+def _user(content: Any, path: str) -> list[dict]:
+    out: list[dict] = []
+    parts: list[dict] = []
+
+    def flush() -> None:
+        if parts:
+            text_only = all(p["type"] == "text" for p in parts)
+            out.append({"role": "user", "content": "".join(p["text"] for p in parts) if text_only else list(parts)})
+            parts.clear()
+
+    for j, b in enumerate(_blocks(content, f"{path}.content")):
+        p = f"{path}.content.{j}"
+        if b["type"] == "tool_result":
+            if not isinstance(b.get("tool_use_id"), str):
+                raise _bad(f"{p}.tool_use_id", "field required")
+            flush()
+            text = _text(b.get("content") or "", f"{p}.content")
+            out.append({"role": "tool", "tool_call_id": b["tool_use_id"],
+                        "content": "Error: " + text if b.get("is_error") else text})
+        elif b["type"] == "text" and isinstance(b.get("text"), str):
+            parts.append({"type": "text", "text": b["text"]})
+        elif b["type"] == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(b.get("source"), f"{p}.source")}})
+        else:
+            raise _bad(f"{p}.type", f"{b['type']!r} blocks are not supported in user messages here "
+                                    "(text, image and tool_result are)")
+    flush()
+    return out
+
+
+def _image_url(source: Any, path: str) -> str:
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise _bad(path, "an image source must be base64 data or a url")
+
+
+def _tools(tools: list) -> list[dict]:
+    out = []
+    for i, t in enumerate(tools):
+        p = f"tools.{i}"
+        if not isinstance(t, dict):
+            raise _bad(p, "must be an object")
+        if t.get("type") not in (None, "custom"):
+            raise _bad(f"{p}.type", f"the server tool {t['type']!r} is not supported: this proxy serves client "
+                                    "tools only (name, description, input_schema)")
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise _bad(f"{p}.name", "field required")
+        if not isinstance(t.get("input_schema"), dict):
+            raise _bad(f"{p}.input_schema", "field required (a JSON schema object)")
+        fn: dict[str, Any] = {"name": t["name"]}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        fn["parameters"] = t["input_schema"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> dict:
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        mapped = {"type": "function", "function": {"name": choice["name"]}}
+    if mapped is None:
+        raise _bad("tool_choice", "must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")
+    out: dict[str, Any] = {"tool_choice": mapped}
+    if choice.get("disable_parallel_tool_use"):
+        out["parallel_tool_calls"] = False
+    return out

@@ -1,0 +1,141 @@
+"""Writing one batch of call rows: per-rollout `seq` allocation that one locked rollout row
+cannot stall, and the rollout's status checked in the same statement.
+
+`seq` comes from the rollout row: `UPDATE rollouts SET next_seq = next_seq + n ... RETURNING`.
+On PostgreSQL the row is taken with `FOR UPDATE SKIP LOCKED`, so a rollout row someone else
+holds (another proxy's writer mid-commit, a `finish`, an operator's `SELECT … FOR UPDATE`) is
+passed over: that rollout's calls come back `BUSY` for the recorder to retry on their own, and
+every other rollout's calls commit now. SQLite has no row locks (one writer at a time, waiting
+at most its busy_timeout), so it needs no skipping.
+
+A call whose rollout is no longer running is written as a failed call (its row shows what was
+attempted) and answered `RolloutFinished`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import field, fields, make_dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import JSON
+
+from harnessrl.records import UNASSIGNED_ROLLOUT, Call, NulSafeText, escape_nul
+
+CALLS = Call.__table__
+
+
+class RecordError(Exception):
+    """A call could not be recorded. Its message is safe to show the harness: database error
+    text is logged with the call id, never put here."""
+
+
+class RolloutFinished(RecordError):
+    """The call's rollout was finished before the call could be recorded (409); the call is
+    recorded as failed."""
+
+
+# a call whose rollout row is locked by someone else: not written, to be retried
+BUSY = object()
+
+
+def _record_class() -> type:
+    """A slots dataclass with one field per column of `calls` but `seq` (allocated at commit):
+    cheap to build on the hot path, and defined by the ORM table alone. Non-null columns without
+    a default are required keywords; the rest default to the column's default, else None."""
+    spec: list[tuple] = []
+    for c in CALLS.columns:
+        if c.name == "seq":
+            continue
+        if c.default is not None:
+            spec.append((c.name, Any, field(default=c.default.arg)))
+        elif c.nullable:
+            spec.append((c.name, Any, field(default=None)))
+        else:
+            spec.append((c.name, Any))
+    cls = make_dataclass("CallRecord", spec, slots=True, kw_only=True)
+    cls.__module__ = "harnessrl.proxy.recorder"
+    return cls
+
+
+CallRecord = _record_class()
+_COLUMNS = [f.name for f in fields(CallRecord)]
+_JSON_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(CALLS.c[name].type, JSON)]
+# written raw, so escaped here as the ORM type would (model text may hold U+0000)
+_NUL_SAFE_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(CALLS.c[name].type, NulSafeText)]
+_values = operator.attrgetter(*_COLUMNS)
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def finished_error(rollout_id: str) -> str:
+    return f"rollout {rollout_id!r} is finished"
+
+
+class RowWriter:
+    """The SQL of one dialect; `write(cur, recs, now)` runs in the writer's open transaction."""
+
+    def __init__(self, dialect: str, paramstyle: str) -> None:
+        m = "?" if paramstyle == "qmark" else "%s"
+        self.mark = m
+        cols = _COLUMNS + ["seq"]
+        self._insert = f"INSERT INTO {CALLS.name} ({', '.join(cols)}) VALUES ({', '.join([m] * len(cols))})"
+        row = f"(SELECT id FROM rollouts WHERE id = {m} FOR UPDATE SKIP LOCKED)" if dialect == "postgresql" else m
+        self._skips_locked = dialect == "postgresql"
+        self._bump = f"UPDATE rollouts SET next_seq = next_seq + {m} WHERE id = {row} RETURNING next_seq, status"
+        self._exists = f"SELECT 1 FROM rollouts WHERE id = {m}"
+        self._ensure_unassigned = (
+            f"INSERT INTO rollouts (id, status, next_seq, created_at) VALUES ({m}, 'running', 0, {m}) "
+            "ON CONFLICT (id) DO NOTHING"
+        )
+        self.unassigned_ok = False  # reset by the recorder after a rollback or a new connection
+
+    def write(self, cur, recs: list, now: float) -> list[Any]:
+        """Insert `recs`; per record None (written), a RecordError, or BUSY (not written)."""
+        if not self.unassigned_ok and any(r.rollout_id == UNASSIGNED_ROLLOUT for r in recs):
+            cur.execute(self._ensure_unassigned, (UNASSIGNED_ROLLOUT, now))
+            self.unassigned_ok = True
+        by_rollout: dict[str, list[int]] = {}
+        for i, r in enumerate(recs):
+            by_rollout.setdefault(r.rollout_id, []).append(i)
+        outcomes: list[Any] = [None] * len(recs)
+        rows = []
+        # sorted: concurrent proxies lock rollout rows in the same order (no deadlock)
+        for rid in sorted(by_rollout):
+            idx = by_rollout[rid]
+            cur.execute(self._bump, (len(idx), rid))
+            got = cur.fetchall()
+            if not got:
+                missing = not (self._skips_locked and self._present(cur, rid))
+                for i in idx:
+                    outcomes[i] = RecordError(f"rollout {rid!r} does not exist") if missing else BUSY
+                continue
+            seq = got[0][0] - len(idx)
+            finished = got[0][1] != "running"
+            for i in idx:
+                rec = recs[i]
+                if finished:
+                    outcomes[i] = RolloutFinished(finished_error(rid))
+                    refused = f"409 invalid_request_error: {finished_error(rid)}"
+                    if not (rec.error or "").startswith(refused):  # a batch retried row by row
+                        rec.status = "error"
+                        rec.error = refused + (f" (after {rec.error})" if rec.error else "")
+                row = list(_values(rec))
+                for j in _JSON_AT:
+                    row[j] = _json(row[j])
+                for j in _NUL_SAFE_AT:
+                    row[j] = escape_nul(row[j])
+                row.append(seq)
+                rows.append(row)
+                seq += 1
+        if rows:
+            cur.executemany(self._insert, rows)
+        return outcomes
+
+    def _present(self, cur, rid: str) -> bool:
+        # a plain read waits for no row lock: it tells a locked row from a missing one
+        cur.execute(self._exists, (rid,))
+        return bool(cur.fetchall())

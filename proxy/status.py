@@ -1,0 +1,62 @@
+"""Which rollouts a call may go to, without a DB read per call.
+
+A bounded LRU of rollout id → status. "finished" is final, so a cached "finished" is always
+right; a cached "running" may be stale (finished through another proxy): that is caught where
+it matters, when the call is committed (`callrows`), and the cache is corrected then. A rollout
+id seen for the first time is created (running, no task) unless the proxy runs with
+`--strict-rollouts`: black-box harnesses can only choose a URL or a key, not call an API first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from sqlalchemy.exc import DBAPIError
+from starlette.concurrency import run_in_threadpool
+
+from harnessrl.proxy.errors import ProxyError, database_unavailable
+from harnessrl.proxy.rollouts import Rollouts
+from harnessrl.records import UNASSIGNED_ROLLOUT
+
+log = logging.getLogger("harnessrl.proxy")
+
+
+def finished(rollout_id: str) -> ProxyError:
+    return ProxyError(409, f"rollout {rollout_id!r} is finished", code="rollout_finished")
+
+
+class RolloutStatus:
+    def __init__(self, store: Rollouts, strict: bool, max_entries: int = 65_536) -> None:
+        self._store = store
+        self._strict = strict
+        self._max = max_entries
+        self._known: OrderedDict[str, str] = OrderedDict({UNASSIGNED_ROLLOUT: "running"})
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def set(self, rollout_id: str, status: str) -> None:
+        self._known[rollout_id] = status
+        self._known.move_to_end(rollout_id)
+        if len(self._known) > self._max:
+            self._known.popitem(last=False)
+
+    async def check(self, rollout_id: str) -> None:
+        """Raise the error for a call to `rollout_id`: 404 (strict, no such rollout), 409 (finished)."""
+        status = self._known.get(rollout_id)
+        if status is None:
+            try:
+                status = await run_in_threadpool(self._store.status, rollout_id, not self._strict)
+            except DBAPIError as exc:
+                log.warning("records DB error reading rollout %s: %s", rollout_id, exc)
+                raise database_unavailable() from None
+            if status is None:
+                raise ProxyError(404, f"rollout {rollout_id!r} does not exist (create it with POST "
+                                      "/harnessrl/rollouts, or run the proxy without --strict-rollouts)",
+                                 code="rollout_not_found")
+            self.set(rollout_id, status)
+        else:
+            self._known.move_to_end(rollout_id)
+        if status == "finished":
+            raise finished(rollout_id)
