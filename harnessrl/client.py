@@ -81,8 +81,11 @@ class HarnessRL:
             ro.finish()
 
     def reward(self, rollout_id: str, value: float, name: str = "outcome", metadata: dict | None = None) -> None:
-        """The outcome reward of a rollout (also after it finished: `harnessrl reward`)."""
+        """The outcome reward of a running rollout (a finished one takes no more: 409)."""
         self._post(f"/harnessrl/rollouts/{rollout_id}/reward", {"value": value, "name": name, "metadata": metadata})
+
+    def finish(self, rollout_id: str) -> dict:
+        return self._post(f"/harnessrl/rollouts/{rollout_id}/finish", {})
 
     def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
         self._post(f"/harnessrl/calls/{call_id}/reward", {"value": value, "name": name, "metadata": metadata})

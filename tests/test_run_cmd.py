@@ -82,10 +82,22 @@ def test_reward_from_a_file_and_later_with_harnessrl_reward(proxy, tmp_path):
     done = _run("run", "--proxy", url, "--no-intercept", "--reward-from", str(reward_file), "--",
                 sys.executable, "-c", "import os; open(os.environ['HARNESSRL_REWARD_FILE'], 'w').write('0.75')")
     assert done.returncode == 0, done.stderr
-    rollout = _rollout_id(done.stderr)
+    assert _outcomes(db, _rollout_id(done.stderr)) == [0.75]
+
+    # no outcome source: the rollout stays running until `harnessrl reward` records it and finishes it
+    graded_later = _run("run", "--proxy", url, "--no-intercept", "--", sys.executable, "-c", "pass")
+    assert graded_later.returncode == 0 and "stays running for its outcome" in graded_later.stderr
+    rollout = _rollout_id(graded_later.stderr)
+    with _db(db)() as s:
+        assert s.get(Rollout, rollout).status == "running"
     later = _run("reward", rollout, "0.5", "--proxy", url)
     assert later.returncode == 0, later.stderr
-    assert _outcomes(db, rollout) == [0.75, 0.5]
+    assert _outcomes(db, rollout) == [0.5]
+    with _db(db)() as s:
+        assert s.get(Rollout, rollout).status == "finished"
+    again = _run("reward", rollout, "0.9", "--proxy", url)  # a finished rollout takes no more rewards
+    assert again.returncode == 2 and "is finished" in again.stderr and again.stderr.strip().count("\n") == 0
+    assert _outcomes(db, rollout) == [0.5]
     missing = _run("reward", "no-such-rollout", "1", "--proxy", url)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 

@@ -88,9 +88,11 @@ def register(app: typer.Typer) -> None:
         proxy: str = typer.Option("http://127.0.0.1:8000", "--proxy", envvar="HARNESSRL_PROXY",
                                   help="The proxy that recorded the rollout (default: $HARNESSRL_PROXY or :8000)."),
         name: str = typer.Option("outcome", "--name", help="Reward name."),
+        finish: bool = typer.Option(True, "--finish/--keep-open", help="Finish the rollout once its outcome is "
+                                    "recorded (a finished rollout takes no more calls or rewards)."),
     ) -> None:
-        """Report a rollout's outcome reward (for example after grading it later)."""
+        """Report a running rollout's outcome (for example after grading it), then finish it."""
         from harnessrl.app.run_cmd import report_reward
 
-        report_reward(proxy.rstrip("/"), rollout, value, name)
+        report_reward(proxy.rstrip("/"), rollout, value, name, finish)
 

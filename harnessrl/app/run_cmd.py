@@ -2,8 +2,10 @@
 
 A rollout is created, the program runs with the variables that point a harness at it (the
 base-URL variables SDKs honour, and with interception the proxy and CA variables), the outcome
-is taken from the program (`--reward-from`) and the rollout is finished. `loop --cmd` runs each
-of its rollouts through `run_in_rollout` too.
+is taken from the program (`--reward-from`) and the rollout is finished. Without an outcome
+source, `harnessrl run` leaves the rollout running for its outcome: a finished rollout takes no
+more rewards, so `harnessrl reward ROLLOUT VALUE` records the outcome and then finishes it.
+`loop --cmd` runs each of its rollouts through `run_in_rollout` too.
 """
 
 from __future__ import annotations
@@ -128,10 +130,12 @@ def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_l
 
 def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout], str], opts: RunOptions,
                    interceptor: Interceptor | Callable[[Rollout], AbstractContextManager[Interceptor]] | None,
-                   stdout: IO | None = None, on_created=None, extra_env: dict[str, str] | None = None) -> RunResult:
+                   stdout: IO | None = None, on_created=None, extra_env: dict[str, str] | None = None,
+                   keep_open: bool = False) -> RunResult:
     """Create a rollout, run `cmd` in it (argv, shell line, or a function of the rollout giving the
     shell line), report its outcome, finish it (also when the command could not start or was interrupted).
-    `interceptor`: a running one, or a function that starts one for this rollout."""
+    `interceptor`: a running one, or a function that starts one for this rollout. `keep_open`:
+    a rollout whose command ran to its end stays running (its outcome comes later)."""
     check_reward_from(opts.reward_from)
     ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata)
     if on_created is not None:
@@ -141,7 +145,10 @@ def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout],
             if callable(interceptor):
                 interceptor = stack.enter_context(interceptor(ro))
             code, outcome, warning = _run_and_score(ro, client.url, cmd, opts, interceptor, stdout, extra_env)
-    finally:
+    except BaseException:
+        ro.finish()
+        raise
+    if not keep_open:
         ro.finish()
     return RunResult(ro.id, code, outcome, [warning] if warning else [])
 
@@ -204,7 +211,8 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
         client = stack.enter_context(HarnessRL(url, api_key=proxy_key()))
         try:
             result = run_in_rollout(client, argv, opts, starter,
-                                    on_created=lambda ro: _err.print(f"harnessrl run: rollout {ro.id}"))
+                                    on_created=lambda ro: _err.print(f"harnessrl run: rollout {ro.id}"),
+                                    keep_open=opts.reward_from is None)
         except HarnessRLError as exc:
             raise UserError(f"the proxy at {url} refused: {exc}") from None
         except httpx.TransportError as exc:
@@ -213,13 +221,18 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
         _err.print(f"[yellow]warning:[/yellow] {warning}")
     if result.outcome is not None:
         _err.print(f"harnessrl run: rollout {result.rollout_id} outcome {result.outcome:g}")
+    elif opts.reward_from is None:
+        _err.print(f"harnessrl run: rollout {result.rollout_id} stays running for its outcome: "
+                   f"harnessrl reward {result.rollout_id} VALUE (records it and finishes the rollout)")
     return result.exit_code
 
 
-def report_reward(proxy: str, rollout: str, value: float, name: str) -> None:
-    """`harnessrl reward ROLLOUT VALUE`."""
+def report_reward(proxy: str, rollout: str, value: float, name: str, finish: bool = True) -> None:
+    """`harnessrl reward ROLLOUT VALUE`: the outcome, then (unless `finish` is off) the finish."""
     with HarnessRL(proxy, api_key=proxy_key()) as client:
         try:
             client.reward(rollout, value, name)
+            if finish:
+                client.finish(rollout)
         except HarnessRLError as exc:
             raise UserError(f"the proxy at {proxy} refused: {exc}") from None
