@@ -31,7 +31,7 @@ from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.embeddings import EMBEDDINGS
 from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable, error_body, error_response
-from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError
+from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError, credential_headers
 from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify
 from harnessrl.proxy.limits import Guard, check_metadata, read_body
 from harnessrl.proxy.logs import call_id as current_call
@@ -49,6 +49,8 @@ from harnessrl.proxy.route_tokens import TokenRoute
 from harnessrl.proxy.serving import Adapter, Serving
 from harnessrl.proxy.stored_responses import StoredCalls
 from harnessrl.proxy.surface_routes import add_surface_routes
+from harnessrl.proxy.upstream_anthropic import AnthropicRoute
+from harnessrl.proxy.upstream_responses import ResponsesRoute
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.validate import parse_json
 
@@ -92,12 +94,17 @@ _HOT_HEADERS = {b"authorization", b"x-api-key", b"content-length", b"x-harnessrl
 
 
 def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
-    """The local backend's token route, an upstream's token route (prefix mode), or pass-through."""
+    """The local backend's token route, an upstream's token route (prefix mode), pass-through, or
+    a text-only route to a hosted model that speaks another dialect."""
     if backend is not None:
         prompter = Prompter(backend.tokenizer, cfg.prefix_mode, render_ids=backend.render)
         return TokenRoute(backend, prompter, backend.model_name, cfg.default_max_tokens)
     assert pool is not None  # cfg.check(): an upstream backend has an upstream URL
     name = cfg.served_model_name or "model"
+    if cfg.upstream_dialect == "anthropic":
+        return AnthropicRoute(pool, name, cfg.default_max_tokens)
+    if cfg.upstream_dialect == "openai-responses":
+        return ResponsesRoute(pool, name)
     if cfg.prefix_mode:
         from transformers import AutoTokenizer
 
@@ -123,7 +130,9 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         recorder = Recorder(engine, busy_s=cfg.db_lock_timeout_s, metrics=metrics)
-        pool = Pool(cfg.upstream, timeout=cfg.upstream_timeout, api_key=cfg.upstream_api_key) if cfg.upstream else None
+        pool = (Pool(cfg.upstream, timeout=cfg.upstream_timeout, ca_file=cfg.upstream_ca,
+                     credentials=credential_headers(cfg.upstream_dialect, cfg.upstream_api_key))
+                if cfg.upstream else None)
         serving = Serving(_route(cfg, backend, pool), recorder, statuses, cfg.prefix_cache_bytes, metrics)
         metrics.watch(lambda: recorder.queue_depth, lambda: serving.index.nbytes)
         state.update(serving=serving, recorder=recorder, pool=pool)
@@ -196,7 +205,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         except ProxyError as err:
             return error_response(err)
         pool: Pool | None = state["pool"]
-        if backend is None and pool is not None and not cfg.served_model_name:
+        if backend is None and pool is not None and not cfg.served_model_name and cfg.upstream_dialect == "openai-chat":
             try:
                 resp = await pool.request("GET", "/v1/models")
             except (UpstreamConnectionError, TimeoutError) as exc:

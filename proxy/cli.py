@@ -17,7 +17,13 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
     @app.command("proxy")
     def proxy(
         db: str = typer.Option("runs.db", "--db", help="Records DB: SQLite path or postgresql+psycopg:// URL."),
-        upstream: str = typer.Option(None, "--upstream", help="OpenAI-compatible server to forward to (vLLM), http://host:port."),
+        upstream: str = typer.Option(None, "--upstream", help="Server to forward to: vLLM or any OpenAI-compatible "
+                                     "one, or a hosted model (see --upstream-dialect); http[s]://host[:port]."),
+        upstream_dialect: str = typer.Option("openai-chat", "--upstream-dialect", help="What the upstream speaks: "
+                                             "openai-chat (vLLM: token ids, trainable) | openai-responses | anthropic "
+                                             "(text only: expert traces, never RL samples)."),
+        upstream_ca: str = typer.Option(None, "--upstream-ca", help="CA certificate file to verify an https:// "
+                                        "upstream with (default: the system's CA store)."),
         backend: str = typer.Option("upstream", "--backend", help="'upstream' or 'local' (transformers in-process)."),
         model: str = typer.Option(None, "--model", help="Checkpoint directory for --backend local."),
         tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer directory (needed for --prefix with an upstream)."),
@@ -28,7 +34,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         api_key: str = typer.Option(None, "--api-key", envvar="HARNESSRL_PROXY_API_KEY",
                                     help="Require this key from clients (Authorization: Bearer KEY)."),
         upstream_api_key: str = typer.Option(None, "--upstream-api-key", envvar="HARNESSRL_UPSTREAM_API_KEY",
-                                             help="Send this key to the upstream (a vLLM started with --api-key)."),
+                                             help="Send this key to the upstream (a vLLM started with --api-key, a "
+                                             "hosted provider): as a bearer token, or x-api-key for anthropic."),
         max_body_mb: float = typer.Option(32.0, "--max-body-mb", help="Largest request body accepted (any route), in MiB."),
         max_metadata_kb: float = typer.Option(64.0, "--max-metadata-kb",
                                               help="Largest rollout or reward metadata accepted (as JSON), in KiB."),
@@ -65,6 +72,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
             raise UserError("give either --upstream URL or --backend local --model PATH, not both")
         cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
                           host=host, port=port, api_key=api_key, upstream_api_key=upstream_api_key,
+                          upstream_dialect=upstream_dialect, upstream_ca=upstream_ca,
                           max_body_bytes=int(max_body_mb * 1024 * 1024),
                           max_metadata_bytes=int(max_metadata_kb * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,

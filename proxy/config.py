@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from harnessrl.errors import UserError
+
+
+DIALECTS = ("openai-chat", "openai-responses", "anthropic")
 
 
 @dataclass
@@ -20,6 +24,10 @@ class ProxyConfig:
     port: int = 8000  # 0: a free port
     api_key: str | None = None  # required from clients when set
     upstream_api_key: str | None = None  # sent to the upstream (a vLLM started with --api-key); never recorded
+    # what the upstream speaks: openai-chat (vLLM, token ids) | openai-responses | anthropic (hosted
+    # models: text only, recorded with prompt_path text-only and never trained on)
+    upstream_dialect: str = "openai-chat"
+    upstream_ca: str | None = None  # CA file for an https:// upstream (default: the system's store)
     max_body_bytes: int = 32 * 1024 * 1024  # every route
     max_metadata_bytes: int = 64 * 1024  # rollout and reward metadata, as JSON
     upstream_timeout: float = 600.0  # seconds
@@ -45,8 +53,15 @@ class ProxyConfig:
         if self.backend == "upstream":
             if not self.upstream:
                 raise UserError("give --upstream URL (an OpenAI-compatible server) or --backend local --model PATH")
-            if not self.upstream.startswith("http://"):
-                raise UserError(f"--upstream must be an http:// URL, got {self.upstream!r}")
+            if not self.upstream.startswith(("http://", "https://")):
+                raise UserError(f"--upstream must be an http:// or https:// URL, got {self.upstream!r}")
+            if self.upstream_dialect not in DIALECTS:
+                raise UserError(f"--upstream-dialect must be one of {', '.join(DIALECTS)}, got {self.upstream_dialect!r}")
+            if self.upstream_dialect != "openai-chat" and self.prefix_mode:
+                raise UserError(f"--prefix needs token ids from the upstream; the {self.upstream_dialect} dialect "
+                                "returns text only")
+            if self.upstream_ca is not None and not Path(self.upstream_ca).is_file():
+                raise UserError(f"--upstream-ca: file not found: {self.upstream_ca}")
             # OpenAI's convention is a base URL ending in /v1; the proxy adds /v1/... itself
             self.upstream = self.upstream.rstrip("/").removesuffix("/v1")
             if self.prefix_mode and not self.tokenizer:

@@ -133,17 +133,26 @@ class _Conn(asyncio.Protocol):
         self.transport.write(data)
 
 
+def credential_headers(dialect: str, api_key: str | None) -> dict[str, str]:
+    """The upstream key as the dialect sends it: a bearer token for OpenAI-style servers,
+    `x-api-key` (with the API version every request must name) for Anthropic."""
+    if dialect == "anthropic":
+        return {"x-api-key": api_key, "anthropic-version": "2023-06-01"} if api_key else {"anthropic-version": "2023-06-01"}
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
     """Verifying client context: the system's CA store, or only `ca_file` when given."""
     return ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
 
 
 class Pool:
-    """Keep-alive connections to one `http[s]://host[:port][/prefix]` base URL. `api_key`: sent
-    as a bearer token on every request (the harness's own Authorization header is never forwarded)."""
+    """Keep-alive connections to one `http[s]://host[:port][/prefix]` base URL. `credentials`:
+    headers sent on every request (the upstream key, as its dialect wants it — see
+    `credential_headers`); the harness's own credentials are never forwarded."""
 
     def __init__(self, base_url: str, timeout: float = 600.0, max_idle: int = 512, ca_file: str | None = None,
-                 api_key: str | None = None) -> None:
+                 credentials: dict[str, str] | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"upstream URL must be http[s]://host[:port][/prefix], got {base_url!r}")
@@ -154,7 +163,7 @@ class Pool:
         self.timeout = timeout
         default_port = self.port == (443 if self.tls else 80)
         self._host_header = (self.host if default_port else f"{self.host}:{self.port}").encode()
-        self._auth_header = f"Authorization: Bearer {api_key}".encode() if api_key else None
+        self._credentials = [f"{k}: {v}".encode("latin-1") for k, v in (credentials or {}).items()]
         self._idle: deque[_Conn] = deque()
         self._max_idle = max_idle
         self.loop = asyncio.get_running_loop()
@@ -184,8 +193,7 @@ class Pool:
 
     def _request_bytes(self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None) -> bytes:
         head = [f"{method} {self.prefix}{path} HTTP/1.1".encode(), b"Host: " + self._host_header]
-        if self._auth_header is not None:
-            head.append(self._auth_header)
+        head.extend(self._credentials)
         if body is not None:
             head.append(b"Content-Type: application/json")
             head.append(b"Content-Length: " + str(len(body)).encode())

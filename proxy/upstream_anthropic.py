@@ -7,7 +7,8 @@ user turn (consecutive turns of one role merged, as the API wants them), tools t
 
 Anthropic returns no token ids and no log-probs, so these calls are recorded as text with
 `prompt_path = text-only`: the compiler never makes RL samples of them, and they serve as expert
-traces (`harnessrl traces from-rollouts`). Credentials go as `x-api-key` + `anthropic-version`.
+traces (`harnessrl traces from-rollouts`). The pool sends the key as `x-api-key` with
+`anthropic-version` (`httpclient.credential_headers`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
 from harnessrl.proxy.upstream import sse_events
 from harnessrl.records import TEXT_ONLY
 
-ANTHROPIC_VERSION = "2023-06-01"
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
          "pause_turn": "stop", "refusal": "content_filter"}
 
@@ -143,11 +143,10 @@ class AnthropicRoute:
 
     eos_ids: frozenset[int] = frozenset()
 
-    def __init__(self, pool: Pool, model_name: str, api_key: str | None, default_max_tokens: int) -> None:
-        self.pool = pool
+    def __init__(self, pool: Pool, model_name: str, default_max_tokens: int) -> None:
+        self.pool = pool  # sends x-api-key and anthropic-version (httpclient.credential_headers)
         self.model_name = model_name
         self.default_max_tokens = default_max_tokens
-        self._headers = {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": api_key} if api_key else {})}
 
     def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
@@ -160,7 +159,7 @@ class AnthropicRoute:
         return orjson.dumps(body)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await self.pool.request("POST", "/v1/messages", self._body(req, False), self._headers)
+        resp = await self.pool.request("POST", "/v1/messages", self._body(req, False))
         if resp.status != 200:
             raise anthropic_error(resp.status, resp.body)
         try:
@@ -170,7 +169,7 @@ class AnthropicRoute:
         return from_message(data)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await self.pool.stream("POST", "/v1/messages", self._body(req, True), self._headers)
+        resp, chunks = await self.pool.stream("POST", "/v1/messages", self._body(req, True))
         if resp.status != 200:
             raise anthropic_error(resp.status, b"".join([c async for c in chunks]))
         asm = _Assembler()

@@ -110,10 +110,9 @@ class ResponsesRoute:
 
     eos_ids: frozenset[int] = frozenset()
 
-    def __init__(self, pool: Pool, model_name: str, api_key: str | None) -> None:
-        self.pool = pool
+    def __init__(self, pool: Pool, model_name: str) -> None:
+        self.pool = pool  # sends the key as a bearer token
         self.model_name = model_name
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
@@ -125,7 +124,7 @@ class ResponsesRoute:
         return orjson.dumps({**to_responses_request(req.body), "stream": stream})
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await self.pool.request("POST", "/v1/responses", self._body(req, False), self._headers)
+        resp = await self.pool.request("POST", "/v1/responses", self._body(req, False))
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
         try:
@@ -135,7 +134,7 @@ class ResponsesRoute:
         return from_response(data)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await self.pool.stream("POST", "/v1/responses", self._body(req, True), self._headers)
+        resp, chunks = await self.pool.stream("POST", "/v1/responses", self._body(req, True))
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
         asm = _Assembler()

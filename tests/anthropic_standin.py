@@ -61,7 +61,13 @@ def create_app(api_key: str) -> tuple[Starlette, list[dict]]:
             return JSONResponse(msg)
         return StreamingResponse(_events(msg), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])]), requests
+    async def models(request: Request) -> Response:
+        if request.headers.get("x-api-key") != api_key:
+            return _error(401, "authentication_error", "invalid x-api-key")
+        return JSONResponse({"data": [{"type": "model", "id": "claude-standin"}], "has_more": False})
+
+    return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"]),
+                             Route("/v1/models", models, methods=["GET"])]), requests
 
 
 def _sse(kind: str, data: dict) -> bytes:
