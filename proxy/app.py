@@ -102,16 +102,16 @@ def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) ->
     assert pool is not None  # cfg.check(): an upstream backend has an upstream URL
     name = cfg.served_model_name or "model"
     if cfg.upstream_dialect == "anthropic":
-        return AnthropicRoute(pool, name, cfg.default_max_tokens)
+        return AnthropicRoute(pool, name, cfg.default_max_tokens, cfg.upstream_model)
     if cfg.upstream_dialect == "openai-responses":
-        return ResponsesRoute(pool, name)
+        return ResponsesRoute(pool, name, cfg.upstream_model)
     if cfg.prefix_mode:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
         return TokenRoute(UpstreamTokens(pool, tok, name), Prompter(tok, True), name,  # type: ignore[arg-type]
                           cfg.default_max_tokens)
-    return PassThroughRoute(pool, name)
+    return PassThroughRoute(pool, name, cfg.upstream_model)
 
 
 def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,

@@ -22,6 +22,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         upstream_dialect: str = typer.Option("openai-chat", "--upstream-dialect", help="What the upstream speaks: "
                                              "openai-chat (vLLM: token ids, trainable) | openai-responses | anthropic "
                                              "(text only: expert traces, never RL samples)."),
+        upstream_model: str = typer.Option(None, "--upstream-model", help="Model name sent to the upstream, "
+                                           "whatever the harness asks for (a hosted teacher's model)."),
         upstream_ca: str = typer.Option(None, "--upstream-ca", help="CA certificate file to verify an https:// "
                                         "upstream with (default: the system's CA store)."),
         backend: str = typer.Option("upstream", "--backend", help="'upstream' or 'local' (transformers in-process)."),
@@ -72,7 +74,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
             raise UserError("give either --upstream URL or --backend local --model PATH, not both")
         cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
                           host=host, port=port, api_key=api_key, upstream_api_key=upstream_api_key,
-                          upstream_dialect=upstream_dialect, upstream_ca=upstream_ca,
+                          upstream_dialect=upstream_dialect, upstream_ca=upstream_ca, upstream_model=upstream_model,
                           max_body_bytes=int(max_body_mb * 1024 * 1024),
                           max_metadata_bytes=int(max_metadata_kb * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,

@@ -28,6 +28,7 @@ class ProxyConfig:
     # models: text only, recorded with prompt_path text-only and never trained on)
     upstream_dialect: str = "openai-chat"
     upstream_ca: str | None = None  # CA file for an https:// upstream (default: the system's store)
+    upstream_model: str | None = None  # the model name sent upstream, whatever the harness asked (a hosted teacher)
     max_body_bytes: int = 32 * 1024 * 1024  # every route
     max_metadata_bytes: int = 64 * 1024  # rollout and reward metadata, as JSON
     upstream_timeout: float = 600.0  # seconds
@@ -60,6 +61,8 @@ class ProxyConfig:
             if self.upstream_dialect != "openai-chat" and self.prefix_mode:
                 raise UserError(f"--prefix needs token ids from the upstream; the {self.upstream_dialect} dialect "
                                 "returns text only")
+            if self.upstream_model is not None and self.prefix_mode:
+                raise UserError("--upstream-model is for pass-through and dialect upstreams, not --prefix")
             if self.upstream_ca is not None and not Path(self.upstream_ca).is_file():
                 raise UserError(f"--upstream-ca: file not found: {self.upstream_ca}")
             # OpenAI's convention is a base URL ending in /v1; the proxy adds /v1/... itself

@@ -19,9 +19,10 @@ from harnessrl.proxy.upstream_tokens import upstream_error
 class PassThroughRoute:
     eos_ids: frozenset[int] = frozenset()  # the proxy has no tokenizer here
 
-    def __init__(self, pool: Pool, model_name: str) -> None:
+    def __init__(self, pool: Pool, model_name: str, upstream_model: str | None = None) -> None:
         self.pool = pool
         self.model_name = model_name
+        self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
 
     def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
@@ -29,7 +30,7 @@ class PassThroughRoute:
         return Prompt("render", turn.call_id if turn else None, turn=turn)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        body, wants = prepare(req.body, req.chat)
+        body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
         resp = await self.pool.request("POST", _path(req), body)
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
@@ -41,7 +42,7 @@ class PassThroughRoute:
         return _result(ex, data, prompt)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        body, wants = prepare(req.body, req.chat)
+        body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
         resp, chunks = await self.pool.stream("POST", _path(req), body)
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
@@ -72,6 +73,10 @@ class PassThroughRoute:
         except Exception as exc:  # noqa: BLE001
             raise UpstreamMalformed(exc) from None
         yield _result(ex, full, prompt)
+
+
+def _with_model(body: dict, model: str | None) -> dict:
+    return body if model is None else {**body, "model": model}
 
 
 def _path(req: Request) -> str:

@@ -143,10 +143,11 @@ class AnthropicRoute:
 
     eos_ids: frozenset[int] = frozenset()
 
-    def __init__(self, pool: Pool, model_name: str, default_max_tokens: int) -> None:
+    def __init__(self, pool: Pool, model_name: str, default_max_tokens: int, upstream_model: str | None = None) -> None:
         self.pool = pool  # sends x-api-key and anthropic-version (httpclient.credential_headers)
         self.model_name = model_name
         self.default_max_tokens = default_max_tokens
+        self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
 
     def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
@@ -156,6 +157,8 @@ class AnthropicRoute:
     def _body(self, req: Request, stream: bool) -> bytes:
         body = to_messages_request(req.body, self.default_max_tokens)
         body["stream"] = stream
+        if self.upstream_model is not None:
+            body["model"] = self.upstream_model
         return orjson.dumps(body)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:

@@ -110,9 +110,10 @@ class ResponsesRoute:
 
     eos_ids: frozenset[int] = frozenset()
 
-    def __init__(self, pool: Pool, model_name: str) -> None:
+    def __init__(self, pool: Pool, model_name: str, upstream_model: str | None = None) -> None:
         self.pool = pool  # sends the key as a bearer token
         self.model_name = model_name
+        self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
 
     def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
@@ -121,7 +122,10 @@ class ResponsesRoute:
         return Prompt(TEXT_ONLY, turn.call_id if turn else None, turn=turn)
 
     def _body(self, req: Request, stream: bool) -> bytes:
-        return orjson.dumps({**to_responses_request(req.body), "stream": stream})
+        body = {**to_responses_request(req.body), "stream": stream}
+        if self.upstream_model is not None:
+            body["model"] = self.upstream_model
+        return orjson.dumps(body)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
         resp = await self.pool.request("POST", "/v1/responses", self._body(req, False))

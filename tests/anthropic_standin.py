@@ -3,8 +3,8 @@ streamed and not, Anthropic's SSE events and error shape), an `x-api-key` check 
 `anthropic-version` header — and, like the hosted API, no token ids and no log-probs.
 
 Its "model" is a script: with tools and a user question last, it calls the first tool with
-`{"query": <the question's last word>}`; after a tool result it answers
-`The answer is <result>.`; otherwise it echoes. Every request it took is kept in `requests`.
+`{"query": <the question's last word, unquoted>}`; after a tool result it answers
+`The answer is <answer>RESULT</answer>.`; otherwise it echoes. Every request it took is kept in `requests`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ def _reply(body: dict) -> tuple[list[dict], str]:
     if results:
         content = results[-1]["content"]
         text = content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
-        return [{"type": "text", "text": f"The answer is {text}."}], "end_turn"
+        return [{"type": "text", "text": f"The answer is <answer>{text}</answer>."}], "end_turn"
     question = " ".join(b.get("text", "") for b in blocks if b.get("type") == "text")
     if body.get("tools"):
         words = question.rstrip("?.! ").split() or [""]
         return [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:12]}", "name": body["tools"][0]["name"],
-                 "input": {"query": words[-1]}}], "tool_use"
+                 "input": {"query": words[-1].strip("'\"")}}], "tool_use"
     return [{"type": "text", "text": f"You said: {question}"}], "end_turn"
 
 

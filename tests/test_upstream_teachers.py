@@ -143,7 +143,7 @@ def test_anthropic_teacher_recorded_text_only_and_never_a_sample(anthropic_upstr
             answer, call_id = _tool_round_trip(ro.base_url("agent"), stream)
             ro.reward(1.0)
         assert httpx.get(proxy.url + "/ready").json()["checks"]["upstream"] == "ok"
-    assert answer == "The answer is 3.14."
+    assert answer == "The answer is <answer>3.14</answer>."
     # what the provider got: Anthropic's wire format, its own key, never the harness's
     first, second = (r["body"] for r in requests)
     assert first["system"] == "Use the tool." and first["tools"][0]["input_schema"]["required"] == ["query"]
@@ -155,7 +155,7 @@ def test_anthropic_teacher_recorded_text_only_and_never_a_sample(anthropic_upstr
         calls = s.scalars(select(Call).order_by(Call.seq)).all()
         assert [(c.status, c.prompt_path, c.prompt_ids, c.completion_ids) for c in calls] == [
             ("ok", TEXT_ONLY, None, None)] * 2
-        assert calls[1].response_text == "The answer is 3.14." and calls[0].tool_calls
+        assert calls[1].response_text == "The answer is <answer>3.14</answer>." and calls[0].tool_calls
     assert KEY.encode() not in _db_bytes(db) and KEY not in caplog.text
 
     # compile: counted, never a sample (no sampled ids or log-probs to train on)
@@ -169,7 +169,7 @@ def test_anthropic_teacher_recorded_text_only_and_never_a_sample(anthropic_upstr
     row = json.loads(out.read_text())
     assert row["id"] == "pi" and row["provenance"]["model"] == "claude-standin" and row["tools"] == TOOLS
     assert [m["role"] for m in row["expert_trace"]] == ["assistant", "tool", "assistant"]
-    assert row["expert_trace"][-1]["content"] == "The answer is 3.14."
+    assert row["expert_trace"][-1]["content"] == "The answer is <answer>3.14</answer>."
 
 
 def test_anthropic_teacher_errors_are_the_harness_s_openai_errors(anthropic_upstream, tmp_path):

@@ -96,11 +96,25 @@ def loop(
     temperature: float = typer.Option(1.0, help="Sampling temperature of training rollouts."),
     concurrency: int = typer.Option(8, help="Rollouts in flight at once."),
     seed: int = typer.Option(0, help="Seed of tasks, sampling and training."),
+    teacher: str = typer.Option(None, "--teacher", help="A stronger model's base URL: a warm-up round runs the "
+                                "harness against it first, and its best rollouts become expert traces (SFT warm "
+                                "start, PACT)."),
+    teacher_key: str = typer.Option(None, "--teacher-key", envvar="HARNESSRL_TEACHER_API_KEY",
+                                    help="The teacher's API key (never recorded)."),
+    teacher_dialect: str = typer.Option("openai-chat", "--teacher-dialect",
+                                        help="openai-chat | openai-responses | anthropic."),
+    teacher_model: str = typer.Option(None, "--teacher-model", help="Model name to ask the teacher for."),
+    teacher_ca: str = typer.Option(None, "--teacher-ca", help="CA file for an https:// teacher."),
+    teacher_min_reward: float = typer.Option(None, "--teacher-min-reward",
+                                             help="Only teacher rollouts with at least this outcome become traces."),
+    teacher_sft_steps: int = typer.Option(200, "--teacher-sft-steps", help="Warm-up SFT steps on the traces."),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
-    from harnessrl.app.loop import LoopConfig, run_loop
+    from harnessrl.app.loop import LoopConfig, Teacher, run_loop
 
-    run_loop(LoopConfig(harness=harness or "", cmd=cmd, reward=reward, reward_from=reward_from, intercept=intercept,
+    mentor = (Teacher(teacher, teacher_key, teacher_dialect, teacher_model, teacher_ca, teacher_min_reward,
+                      teacher_sft_steps) if teacher else None)
+    run_loop(LoopConfig(teacher=mentor, harness=harness or "", cmd=cmd, reward=reward, reward_from=reward_from, intercept=intercept,
                         algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
                         batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed))

@@ -67,6 +67,13 @@ def register(app: typer.Typer) -> None:
                                              "in $HARNESSRL_REWARD_FILE)."),
         mitmdump: str = typer.Option(None, "--mitmdump", help=_MITM_HELP),
         ca: Path = typer.Option(None, "--ca-dir", help=_CA_HELP),
+        teacher: str = typer.Option(None, "--teacher", help="Without --proxy: record the command against this "
+                                    "stronger model (its base URL) instead of --model; run tag 'teacher' unless --run."),
+        teacher_key: str = typer.Option(None, "--teacher-key", envvar="HARNESSRL_TEACHER_API_KEY",
+                                        help="The teacher's API key (never recorded)."),
+        teacher_dialect: str = typer.Option("openai-chat", "--teacher-dialect",
+                                            help="openai-chat | openai-responses | anthropic."),
+        teacher_model: str = typer.Option(None, "--teacher-model", help="Model name to ask the teacher for."),
     ) -> None:
         """Run CMD as one rollout: base-URL variables and (default) interception set, outcome
         reported, rollout finished; exits with CMD's exit code."""
@@ -78,8 +85,12 @@ def register(app: typer.Typer) -> None:
         if not intercept and (only_llm or hosts):
             raise UserError("--only-llm and --hosts need interception (drop --no-intercept)")
         _exit_on_sigterm()
-        opts = RunOptions(task=task, group=group, run=run_tag, agent=agent, reward_from=reward_from)
-        raise typer.Exit(run_command(list(cmd or []), opts, proxy, model, db, icfg))
+        if teacher and (proxy or model):
+            raise UserError("--teacher starts a proxy in front of the teacher: give it without --proxy and --model")
+        opts = RunOptions(task=task, group=group, run=run_tag or ("teacher" if teacher else None), agent=agent,
+                          reward_from=reward_from)
+        mentor = (teacher, teacher_key, teacher_dialect, teacher_model) if teacher else None
+        raise typer.Exit(run_command(list(cmd or []), opts, proxy, model, db, icfg, teacher=mentor))
 
     @app.command("reward")
     def reward(

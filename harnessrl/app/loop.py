@@ -6,6 +6,11 @@ proxy's local backend and evaluates the held-out tasks greedily (`run=eval-<r>-a
 The round state lives in `<out>/loop_state.json` and is written after every finished round, so
 a crashed loop resumes at the round it was in: the new attempt gets a fresh run tag, and the
 interrupted attempt's records are left in the DB but never compiled.
+
+With a teacher (`--teacher URL`), a warm-up round comes first: the same harness on the training
+tasks through a proxy whose upstream is the teacher (`run=teacher-a<attempt>`), its best rollouts
+taken as expert traces (into the DB, where compile gives them to PACT, and into
+`<out>/teacher_traces.jsonl`), and the policy warmed up on them with SFT before round 0.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from transformers.utils import logging as hf_logging
 
 from harnessrl.algorithms import get_algorithm
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
+from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.export import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
 from harnessrl.errors import UserError
@@ -33,6 +39,7 @@ from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.data import load_samples
 from harnessrl.trainer.push import push
 from harnessrl.trainer.run import load_model, train
+from harnessrl.trainer.sft import SftConfig, sft
 
 
 @dataclass
@@ -59,6 +66,18 @@ class LoopConfig:
     reward: str | None = None  # compile-time outcome reward (f1 | exact_match | ... | module:fn) against references
     reward_from: str | None = None  # --cmd: exit-code | stdout-json | FILE
     intercept: bool = False  # --cmd: route hard-coded LLM API hosts through one mitmdump
+    teacher: Teacher | None = None  # a warm-up round against a stronger model first
+
+
+@dataclass
+class Teacher:
+    url: str  # the teacher's base URL (vLLM, an OpenAI-compatible or a hosted API)
+    key: str | None = None
+    dialect: str = "openai-chat"  # what it speaks (proxy --upstream-dialect)
+    model: str | None = None  # the model name to ask it for (proxy --upstream-model)
+    ca: str | None = None  # CA file for an https:// teacher
+    min_reward: float | None = None  # only rollouts at least this good become traces
+    sft_steps: int = 200  # warm-up SFT steps on the traces (0: traces for PACT only)
 
 
 @dataclass
@@ -80,6 +99,7 @@ class LoopState:
     model: str  # the checkpoint the next round starts from
     attempts: int = 0
     initial_eval: float | None = None
+    teacher: dict[str, Any] | None = None  # the finished warm-up round: run tag, traces, checkpoint
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -138,6 +158,11 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     if state.rounds:
         console.print(f"resuming after round {state.rounds[-1]['round']} from {state.model}")
 
+    if cfg.teacher is not None and state.teacher is None:
+        state.attempts += 1
+        state.save(state_path)
+        state.teacher = _teacher_round(cfg, cfg.teacher, h, db, state, f"teacher-a{state.attempts}", console)
+        state.save(state_path)
     with run_proxy(ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)) as proxy, \
             (h.around(proxy.url) if h.around else nullcontext()):
         if state.initial_eval is None:
@@ -176,6 +201,26 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             console.print(round_table(state))
     plot_curves(state, cfg.out / "curves.png")
     return state
+
+
+def _teacher_round(cfg: LoopConfig, t: Teacher, h: HarnessTasks, db: str, state: LoopState, tag: str,
+                   console: Console) -> dict[str, Any]:
+    """The training tasks through the teacher; its best rollouts as traces; SFT on them."""
+    teacher = ProxyConfig(db=db, upstream=t.url, upstream_api_key=t.key, upstream_dialect=t.dialect,
+                          upstream_model=t.model, upstream_ca=t.ca, port=0)
+    with run_proxy(teacher) as proxy, (h.around(proxy.url) if h.around else nullcontext()):
+        results = _rollouts(h, proxy.url, h.train, 1, tag, 0.0, cfg.concurrency, "teacher round")
+    traces, stats = collect(db, run=tag, min_reward=t.min_reward)
+    write_db(db, traces)
+    traces_file = cfg.out / "teacher_traces.jsonl"
+    write_jsonl(traces, traces_file)
+    console.print(f"teacher round: success {_summary(results)[1]:.3f}; {stats.line()}")
+    out = {"run": tag, "success": _summary(results)[1], "traces": len(traces), "checkpoint": None}
+    if traces and t.sft_steps:
+        warm = sft(SftConfig(tasks=str(traces_file), model=state.model, out=str(cfg.out / "teacher-warm"),
+                             steps=t.sft_steps, seed=cfg.seed))
+        state.model = out["checkpoint"] = str(warm)
+    return out
 
 
 def _capo_partition(samples_dir: Path, model: str, out: Path) -> Path:

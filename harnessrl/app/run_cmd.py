@@ -174,10 +174,20 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
 
 
 @contextmanager
-def proxy_for(url: str | None, model: Path | None, db: str) -> Iterator[str]:
-    """The given proxy, or one on the embedded default (SQLite, local backend) for the block."""
+def proxy_for(url: str | None, model: Path | None, db: str,
+              teacher: tuple[str, str | None, str, str | None] | None = None) -> Iterator[str]:
+    """The given proxy, or one on the embedded default (SQLite, local backend) for the block; with
+    `teacher` (url, key, dialect, model name), one whose upstream is that stronger model."""
     if url:
         yield url.rstrip("/")
+        return
+    if teacher is not None:
+        from harnessrl.proxy.server import ProxyConfig, run_proxy
+
+        t_url, key, dialect, name = teacher
+        with run_proxy(ProxyConfig(db=db, upstream=t_url, upstream_api_key=key, upstream_dialect=dialect,
+                                   upstream_model=name, port=0)) as proxy:
+            yield proxy.url
         return
     if model is None:
         raise UserError("give --proxy URL (a running harnessrl proxy) or --model DIR (start one here, recording to --db)")
@@ -191,7 +201,7 @@ def proxy_for(url: str | None, model: Path | None, db: str) -> Iterator[str]:
 
 
 def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Path | None, db: str,
-                intercept: InterceptConfig | None) -> int:
+                intercept: InterceptConfig | None, teacher: tuple[str, str | None, str, str | None] | None = None) -> int:
     """`harnessrl run`: the command's exit code."""
     if not argv:
         raise UserError("give the command after --, e.g. harnessrl run --model DIR -- python agent.py")
@@ -207,7 +217,7 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
                 # the rollout is also mitmdump's default identity, for clients that drop the proxy URL's username
                 return start_intercept(replace(intercept, proxy=url, proxy_key=proxy_key(), rollout=ro.id,
                                                agent=opts.agent), log=log)
-        url = stack.enter_context(proxy_for(proxy, model, db))
+        url = stack.enter_context(proxy_for(proxy, model, db, teacher))
         client = stack.enter_context(HarnessRL(url, api_key=proxy_key()))
         try:
             result = run_in_rollout(client, argv, opts, starter,
