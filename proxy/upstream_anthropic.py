@@ -162,7 +162,7 @@ class AnthropicRoute:
         return orjson.dumps(body)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await self.pool.request("POST", "/v1/messages", self._body(req, False))
+        resp = await (req.upstream or self.pool).request("POST", "/v1/messages", self._body(req, False))
         if resp.status != 200:
             raise anthropic_error(resp.status, resp.body)
         try:
@@ -172,7 +172,7 @@ class AnthropicRoute:
         return from_message(data)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await self.pool.stream("POST", "/v1/messages", self._body(req, True))
+        resp, chunks = await (req.upstream or self.pool).stream("POST", "/v1/messages", self._body(req, True))
         if resp.status != 200:
             raise anthropic_error(resp.status, b"".join([c async for c in chunks]))
         asm = _Assembler()

@@ -128,7 +128,7 @@ class ResponsesRoute:
         return orjson.dumps(body)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await self.pool.request("POST", "/v1/responses", self._body(req, False))
+        resp = await (req.upstream or self.pool).request("POST", "/v1/responses", self._body(req, False))
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
         try:
@@ -138,7 +138,7 @@ class ResponsesRoute:
         return from_response(data)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await self.pool.stream("POST", "/v1/responses", self._body(req, True))
+        resp, chunks = await (req.upstream or self.pool).stream("POST", "/v1/responses", self._body(req, True))
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
         asm = _Assembler()
