@@ -153,6 +153,7 @@ class Upstreams:
         self.moves = 0  # sessions sent to another upstream than their last one
         self._last: OrderedDict[tuple, Upstream] = OrderedDict()
         self.set_urls(urls)
+        self.push_lock = asyncio.Lock()  # one weight push at a time
         self.probe_task: asyncio.Task | None = None  # set by `upstreams_life.start_upstreams`
         self.reread: Callable[[], None] | None = None  # re-reads --upstreams FILE (SIGHUP)
 

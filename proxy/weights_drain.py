@@ -31,11 +31,12 @@ log = logging.getLogger("harnessrl.proxy")
 
 async def push_all(ups: Upstreams, path: str, version: str, lora: bool, mode: str, drain_timeout_s: float) -> dict:
     """Push to every upstream; returns {"version", "upstreams": [{url, version, drained, paused_s}]}."""
-    targets = ups.all
-    if mode == "all":
-        reports = await asyncio.gather(*(_push_one(u, path, version, lora, drain_timeout_s) for u in targets))
-    else:
-        reports = [await _push_one(u, path, version, lora, drain_timeout_s) for u in targets]
+    async with ups.push_lock:
+        targets = ups.all
+        if mode == "all":
+            reports = await asyncio.gather(*(_push_one(u, path, version, lora, drain_timeout_s) for u in targets))
+        else:
+            reports = [await _push_one(u, path, version, lora, drain_timeout_s) for u in targets]
     return {"version": version, "upstreams": list(reports)}
 
 

@@ -136,12 +136,13 @@ def _push(proxy_url: str, version: str) -> dict:
     return r.json()
 
 
-def test_push_with_drain_loses_no_call_and_no_call_or_session_mixes_versions(three, tmp_path):
+@pytest.mark.parametrize("mode", ["rolling", "all"])
+def test_push_with_drain_loses_no_call_and_no_call_or_session_mixes_versions(three, tmp_path, mode):
     import threading
 
     apps, urls = three
     db = str(tmp_path / "runs.db")
-    cfg = ProxyConfig(db=db, upstreams=tuple(urls), port=0, push_mode="rolling", push_wait_s=30)
+    cfg = ProxyConfig(db=db, upstreams=tuple(urls), port=0, push_mode=mode, push_wait_s=30)
     sessions = [f"s{i}" for i in range(6)]
     pushed = threading.Event()
     errors: list[BaseException] = []
