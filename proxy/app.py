@@ -51,8 +51,9 @@ from harnessrl.proxy.route_tokens import TokenRoute
 from harnessrl.proxy.serving import Adapter, Serving
 from harnessrl.proxy.stored_responses import StoredCalls
 from harnessrl.proxy.surface_routes import add_surface_routes
-from harnessrl.proxy.upstream_anthropic import AnthropicRoute
-from harnessrl.proxy.upstream_responses import ResponsesRoute
+from harnessrl.proxy.route_text import TextOnlyRoute
+from harnessrl.proxy.upstream_anthropic import ANTHROPIC_DIALECT
+from harnessrl.proxy.upstream_responses import RESPONSES_DIALECT
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.upstreams_life import start_upstreams, stop_upstreams
 from harnessrl.proxy.weights_drain import push_all
@@ -107,9 +108,9 @@ def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) ->
     assert pool is not None  # cfg.check(): an upstream backend has an upstream URL
     name = cfg.served_model_name or "model"
     if cfg.upstream_dialect == "anthropic":
-        return AnthropicRoute(pool, name, cfg.default_max_tokens, cfg.upstream_model)
+        return TextOnlyRoute(ANTHROPIC_DIALECT, pool, name, cfg.default_max_tokens, cfg.upstream_model)
     if cfg.upstream_dialect == "openai-responses":
-        return ResponsesRoute(pool, name, cfg.upstream_model)
+        return TextOnlyRoute(RESPONSES_DIALECT, pool, name, cfg.default_max_tokens, cfg.upstream_model)
     if cfg.prefix_mode:
         from transformers import AutoTokenizer
 

@@ -11,7 +11,7 @@ from typing import Any
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenBackend, TokenDelta
 from harnessrl.proxy.constrained import Constrainer
 from harnessrl.proxy.contract import check_text_only, developer_as_system, map_developer
-from harnessrl.proxy.errors import BackendRejected, ProxyError
+from harnessrl.proxy.errors import BackendRejected, ProxyError, bad_request
 from harnessrl.proxy.prefix import Prompter, Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
 from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
@@ -49,7 +49,12 @@ class TokenRoute:
             p = req.body["prompt"]
             if isinstance(p, list) and isinstance(p[0], str):
                 p = p[0]
-            return Prompt("raw", ids=self.tok.encode(p) if isinstance(p, str) else p)
+            ids = self.tok.encode(p) if isinstance(p, str) else p
+            vocab = len(self.tok)
+            if any(t >= vocab for t in ids):  # the model has no such token: the caller's mistake
+                raise bad_request(f"'prompt' holds a token id outside the vocabulary (size {vocab})",
+                                  param="prompt", code="invalid_value")
+            return Prompt("raw", ids=ids)
         check_text_only(req.messages, self.model_name)
         self._grammar(req.body)  # a field it cannot enforce is a 400 before the model runs
         messages = map_developer(req.messages) if self._developer_as_system else req.messages

@@ -13,18 +13,14 @@ traces (`harnessrl traces from-rollouts`). The pool sends the key as `x-api-key`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
-from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.prefix import Turn
-from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
-from harnessrl.proxy.upstream import sse_events
-from harnessrl.records import TEXT_ONLY
+from harnessrl.proxy.protocol import Delta, Result, usage
+from harnessrl.proxy.route_text import Dialect
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
          "pause_turn": "stop", "refusal": "content_filter"}
@@ -138,57 +134,6 @@ def anthropic_error(status: int, body: bytes) -> ProxyError:
                           "upstream_error", code="upstream_error")
 
 
-class AnthropicRoute:
-    """Chat calls to an Anthropic Messages upstream; text only (no ids, no log-probs)."""
-
-    eos_ids: frozenset[int] = frozenset()
-
-    def __init__(self, pool: Pool, model_name: str, default_max_tokens: int, upstream_model: str | None = None) -> None:
-        self.pool = pool  # sends x-api-key and anthropic-version (httpclient.credential_headers)
-        self.model_name = model_name
-        self.default_max_tokens = default_max_tokens
-        self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
-
-    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
-        if not req.chat:
-            raise bad_request("the anthropic upstream dialect serves chat calls only", code="unsupported_endpoint")
-        return Prompt(TEXT_ONLY, turn.call_id if turn else None, turn=turn)
-
-    def _body(self, req: Request, stream: bool) -> bytes:
-        body = to_messages_request(req.body, self.default_max_tokens)
-        body["stream"] = stream
-        if self.upstream_model is not None:
-            body["model"] = self.upstream_model
-        return orjson.dumps(body)
-
-    async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await (req.upstream or self.pool).request("POST", "/v1/messages", self._body(req, False))
-        if resp.status != 200:
-            raise anthropic_error(resp.status, resp.body)
-        try:
-            data = orjson.loads(resp.body)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamMalformed(exc) from None
-        return from_message(data)
-
-    async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await (req.upstream or self.pool).stream("POST", "/v1/messages", self._body(req, True))
-        if resp.status != 200:
-            raise anthropic_error(resp.status, b"".join([c async for c in chunks]))
-        asm = _Assembler()
-        buf = bytearray()
-        async for data in chunks:
-            batch = [d for payload in sse_events(buf, data) if (d := asm.feed(payload)) is not None]
-            if batch:
-                yield batch
-        result = asm.finish()
-        tail = [Delta(finish_reason=result.finish_reason, terminal=True)]
-        if req.include_usage:
-            tail.append(Delta(usage=result.usage, terminal=True))
-        yield tail
-        yield result
-
-
 class _Assembler:
     """Anthropic stream events → chat deltas, and the whole message at the end."""
 
@@ -262,3 +207,6 @@ class _Assembler:
             raise UpstreamMalformed("the stream ended before message_start")
         self.message["content"] = [self.blocks[i] for i in sorted(self.blocks)]
         return from_message(self.message)
+
+
+ANTHROPIC_DIALECT = Dialect("anthropic", "/v1/messages", to_messages_request, from_message, _Assembler, anthropic_error)

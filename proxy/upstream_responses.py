@@ -10,18 +10,15 @@ Like the Anthropic dialect these calls are text only (`prompt_path = text-only`)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
-from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.prefix import Turn
-from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
-from harnessrl.proxy.upstream import sse_events, upstream_error
-from harnessrl.records import TEXT_ONLY
+from harnessrl.proxy.protocol import Delta, Result, usage
+from harnessrl.proxy.route_text import Dialect
+from harnessrl.proxy.upstream import upstream_error
 
 
 def to_responses_request(body: dict) -> dict:
@@ -105,56 +102,6 @@ def from_response(data: dict) -> Result:
                   usage=usage(int(u.get("input_tokens") or 0), int(u.get("output_tokens") or 0)))
 
 
-class ResponsesRoute:
-    """Chat calls to an OpenAI Responses upstream; text only (no ids, no log-probs)."""
-
-    eos_ids: frozenset[int] = frozenset()
-
-    def __init__(self, pool: Pool, model_name: str, upstream_model: str | None = None) -> None:
-        self.pool = pool  # sends the key as a bearer token
-        self.model_name = model_name
-        self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
-
-    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
-        if not req.chat:
-            raise bad_request("the openai-responses upstream dialect serves chat calls only",
-                              code="unsupported_endpoint")
-        return Prompt(TEXT_ONLY, turn.call_id if turn else None, turn=turn)
-
-    def _body(self, req: Request, stream: bool) -> bytes:
-        body = {**to_responses_request(req.body), "stream": stream}
-        if self.upstream_model is not None:
-            body["model"] = self.upstream_model
-        return orjson.dumps(body)
-
-    async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await (req.upstream or self.pool).request("POST", "/v1/responses", self._body(req, False))
-        if resp.status != 200:
-            raise upstream_error(resp.status, resp.body)
-        try:
-            data = orjson.loads(resp.body)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamMalformed(exc) from None
-        return from_response(data)
-
-    async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await (req.upstream or self.pool).stream("POST", "/v1/responses", self._body(req, True))
-        if resp.status != 200:
-            raise upstream_error(resp.status, b"".join([c async for c in chunks]))
-        asm = _Assembler()
-        buf = bytearray()
-        async for data in chunks:
-            batch = [d for payload in sse_events(buf, data) if (d := asm.feed(payload)) is not None]
-            if batch:
-                yield batch
-        result = asm.finish()
-        tail = [Delta(finish_reason=result.finish_reason, terminal=True)]
-        if req.include_usage:
-            tail.append(Delta(usage=result.usage, terminal=True))
-        yield tail
-        yield result
-
-
 class _Assembler:
     """Responses stream events → chat deltas; the final `response.completed` object is the result."""
 
@@ -200,3 +147,7 @@ class _Assembler:
         if self.final is None:
             raise UpstreamMalformed("the stream ended without response.completed")
         return from_response(self.final)
+
+
+RESPONSES_DIALECT = Dialect("openai-responses", "/v1/responses", lambda body, _max_tokens: to_responses_request(body),
+                            from_response, _Assembler, upstream_error)

@@ -192,7 +192,7 @@ def check_chat(req: dict) -> None:
 def check_completion(req: dict) -> None:
     p = req.get("prompt")
     ok = isinstance(p, str) or (isinstance(p, list) and len(p) > 0 and (
-        all(_is_int(t) and t >= 0 for t in p) or (len(p) == 1 and isinstance(p[0], str))))
+        all(_is_int(t) and 0 <= t < 2**31 for t in p) or (len(p) == 1 and isinstance(p[0], str))))
     if not ok:
         raise bad_request("'prompt' must be a string, a one-element list of strings, or a list of token ids",
                           param="prompt", code="invalid_type")

@@ -162,3 +162,17 @@ def test_a_body_nested_too_deep_to_forward_or_record_is_a_400(upstream, tmp_path
     with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), upstream=upstream, port=0)) as proxy:
         r = httpx.post(proxy.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_token_ids_outside_the_vocabulary_are_a_400(upstream, tokenizer_dir, tmp_path, prefix):
+    """Found by the fuzz: a Completions prompt of token ids beyond int32 (or beyond the model's
+    vocabulary, on a token route) crashed the backend with a 500."""
+    cfg = ProxyConfig(db=str(tmp_path / "runs.db"), upstream=upstream, port=0, prefix=prefix,
+                      tokenizer=str(tokenizer_dir))
+    with run_proxy(cfg) as proxy, httpx.Client(base_url=proxy.url, timeout=30) as http:
+        huge = http.post("/v1/completions", json={"model": "m", "max_tokens": 1, "prompt": [2**31]})
+        assert (huge.status_code, huge.json()["error"]["param"]) == (400, "prompt"), huge.text
+        if prefix:  # the proxy tokenizes: it knows the vocabulary
+            beyond = http.post("/v1/completions", json={"model": "m", "max_tokens": 1, "prompt": [1, 10**7]})
+            assert (beyond.status_code, beyond.json()["error"]["param"]) == (400, "prompt"), beyond.text
