@@ -24,14 +24,18 @@ from harnessrl.records import Call
 from vllm_standin import create_app, run_standin
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports (held open together, so the kernel cannot hand out one twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
-def _start(db: str, upstreams_file: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+def _start(db: str, upstreams_file: str, port: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy", "--db", db,
                              "--upstreams", upstreams_file, "--port", str(port), "--no-ui"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -65,7 +69,7 @@ def test_two_proxies_on_postgresql_agree_on_seq_routing_and_status(tokenizer_dir
         urls = [stack.enter_context(run_standin(str(tokenizer_dir), create_app(str(tokenizer_dir))))
                 for _ in range(3)]
         ups_file.write_text("# replicas\n" + "\n".join(urls) + "\n")
-        procs = [_start(pg_url, str(ups_file)) for _ in range(2)]
+        procs = [_start(pg_url, str(ups_file), port) for port in _free_ports(2)]
         for proc, _ in procs:
             stack.callback(proc.wait, 10)
             stack.callback(proc.kill)
@@ -126,3 +130,23 @@ def test_two_proxies_on_postgresql_agree_on_seq_routing_and_status(tokenizer_dir
                 assert exc.code == "rollout_finished"
         assert len([c for c in _calls(pg_url) if c.status == "ok"]) == n
         assert httpx.get(f"{a_url}/harnessrl/rollouts/r1").json()["status"] == "finished"
+
+
+def test_proxies_starting_together_on_a_fresh_postgresql_all_migrate_it(pg_url):
+    """Several proxies started at once on an empty DB each run the migrations: they take turns
+    (an advisory lock) instead of failing on each other's tables."""
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            open_db(pg_url)[0].dispose()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a migration is stuck behind another"
+    assert not errors, errors
