@@ -34,10 +34,13 @@ def tree_stats(w: RolloutWork) -> None:
 
 
 def emit(w: RolloutWork, add: Callable[[dict[str, Any]], int], train_agents: str, advantage: str,
-         mask_truncated: bool = False) -> None:
+         mask_truncated: bool = False, off_policy: frozenset[str] = frozenset(), policy_action: str = "drop") -> None:
     """The rollout's samples of the trained agents, each passed to `add` (returns its tokens).
     `mask_truncated`: a path that ends in a call cut by max_tokens — the session never finished
-    that turn — trains nothing on that last turn (counted as `masked_truncated`)."""
+    that turn — trains nothing on that last turn (counted as `masked_truncated`).
+    `off_policy`: ids of calls sampled against the sampling policy; a path that trains on one is
+    left out (`drop`, counted as `policy_dropped`), trains nothing on those turns (`mask`,
+    `policy_masked` turns) or is kept and counted (`flag`, `policy_flagged`)."""
     s = w.stats
     for tree in w.trees:
         if not trained(w, tree.nodes[0].call.agent, train_agents):
@@ -45,6 +48,17 @@ def emit(w: RolloutWork, add: Callable[[dict[str, Any]], int], train_agents: str
             continue
         for path in linear_paths(tree):
             trainable = path.trainable
+            if off_policy:
+                hit = [own and tree.nodes[i].call.call_id in off_policy for i, own in zip(path.nodes, trainable)]
+                if any(hit):
+                    if policy_action == "drop":
+                        s["policy_dropped"] += 1
+                        continue
+                    if policy_action == "mask":
+                        trainable = [own and not h for own, h in zip(trainable, hit)]
+                        s["policy_masked"] += sum(hit)
+                    else:
+                        s["policy_flagged"] += 1
             if mask_truncated and tree.nodes[path.nodes[-1]].call.finish_reason == "length" and trainable[-1]:
                 trainable = [*trainable[:-1], False]
                 s["masked_truncated"] += 1

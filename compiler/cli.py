@@ -44,6 +44,11 @@ def compile_cmd(
                                         "skip (left out of groups and samples) | zero (scored 0)."),
     mask_truncated: bool = typer.Option(False, "--mask-truncated", help="A session path whose last call was cut "
                                         "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
+    sampling_policy: Path | None = typer.Option(None, "--sampling-policy", help="YAML sampling policy (the "
+                                                "proxy's): calls recorded with parameters that break it are handled "
+                                                "by --policy-action (counted in stats)."),
+    policy_action: str = typer.Option("drop", "--policy-action", help="Samples that train on an off-policy call: "
+                                      "drop (left out) | mask (those turns get mask 0) | flag (kept, counted)."),
     unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
                                         "marker: args | reasoning."),
 ) -> None:
@@ -52,6 +57,7 @@ def compile_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from harnessrl.compiler.advantages import load_adv_config
+    from harnessrl.sampling_policy import load_policy
     from harnessrl.compiler.export import CompileOptions, Compiler
     from harnessrl.compiler.labels import ClassConfig
     from harnessrl.compiler.summary import summary_notes, summary_table
@@ -65,7 +71,9 @@ def compile_cmd(
     opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
-                          mask_truncated=mask_truncated, adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
+                          mask_truncated=mask_truncated, policy_action=policy_action,
+                          sampling_policy=load_policy(sampling_policy) if sampling_policy else None,
+                          adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
                           class_config=ClassConfig(unmarked_answer=unmarked_answer))
     compiler = Compiler(db, opts)
     console = Console()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,15 @@ from harnessrl.compiler.scoring import Scorer
 from harnessrl.compiler.writer import SampleWriter, write_tasks
 from harnessrl.db import db_url, open_db
 from harnessrl.errors import UserError
+from harnessrl.sampling_policy import SamplingPolicy, violations
 
 PROCESS_REWARDS = ("tool_format", "dispatch_ok", "matchtir")
 MISSING_OUTCOME = ("skip", "zero")
+POLICY_ACTIONS = ("drop", "mask", "flag")
 STAT_KEYS = ("calls", "failed", "text_only", "discarded", "embeddings", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
              "roots_drift", "roots_rewrite", "untrained_sessions", "no_outcome", "skipped_no_outcome",
-             "singleton_groups", "singleton_buckets", "masked_truncated", "tokens_recorded", "tokens_emitted", "trainable_tokens",
+             "singleton_groups", "singleton_buckets", "masked_truncated", "policy_violations", "policy_dropped",
+             "policy_masked", "policy_flagged", "tokens_recorded", "tokens_emitted", "trainable_tokens",
              "class_reasoning", "class_action", "class_args", "class_format")
 
 
@@ -59,6 +62,8 @@ class CompileOptions:
     central_agent: str | None = None  # default: the agent of each rollout's first call
     missing_outcome: str = "skip"  # a rollout without an outcome: skip (left out) | zero (R = 0)
     mask_truncated: bool = False  # a path whose last call was cut by max_tokens: that turn gets mask 0
+    sampling_policy: SamplingPolicy | None = None  # calls sampled against it are handled by policy_action
+    policy_action: str = "drop"  # drop (the sample) | mask (the turn) | flag (keep, count)
     adv_config: AdvantageConfig = field(default_factory=AdvantageConfig)
     class_config: ClassConfig = field(default_factory=ClassConfig)
     batch_rollouts: int = 256
@@ -78,6 +83,8 @@ def validate(opts: CompileOptions) -> None:
         load_reward_fn(opts.reward)
     if opts.since is not None:
         parse_since(opts.since)
+    if opts.policy_action not in POLICY_ACTIONS:
+        raise UserError(f"--policy-action {opts.policy_action!r}: use {', '.join(POLICY_ACTIONS)}")
 
 
 class Compiler:
@@ -97,6 +104,7 @@ class Compiler:
         self.totals: Counter = Counter(dict.fromkeys(STAT_KEYS, 0))
         self.per_rollout: dict[str, dict[str, Any]] = {}
         self.tasks_with_samples: set[str] = set()
+        self.violations: dict[str, list[str]] = {}  # call id -> reasons (the first 100 off-policy calls)
 
     def run(self, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         start = time.perf_counter()
@@ -114,10 +122,11 @@ class Compiler:
             kept = [w for w in works if w.has_outcome or not skip]
             self.estimator.fn(kept, ctx)
             kept_ids = {w.id for w in kept}
+            off_policy = self._off_policy(works) if o.sampling_policy is not None else frozenset()
             for w in works:
                 tree_stats(w)
                 if w.id in kept_ids:
-                    emit(w, writer.add, o.train_agents, o.advantage, o.mask_truncated)
+                    emit(w, writer.add, o.train_agents, o.advantage, o.mask_truncated, off_policy, o.policy_action)
                 else:
                     w.stats["skipped_no_outcome"] += 1
                 self._count(w)
@@ -131,14 +140,30 @@ class Compiler:
         t["rollouts"] = len(rollouts)
         t["token_saving"] = t["tokens_recorded"] / t["tokens_emitted"] if t["tokens_emitted"] else 0.0
         t["seconds"] = time.perf_counter() - start
-        stats = {"totals": dict(t), "rollouts": self.per_rollout,
+        stats = {"totals": dict(t), "rollouts": self.per_rollout, "policy_violations": self.violations,
                  "options": {"reward": o.reward, "process": list(o.process), "advantage": o.advantage,
                              "train_agents": o.train_agents, "matcher": o.matcher,
                              "missing_outcome": o.missing_outcome, "mask_truncated": o.mask_truncated,
+                             "sampling_policy": asdict(o.sampling_policy) if o.sampling_policy else None,
+                             "policy_action": o.policy_action,
                              "adv_config": o.adv_config.as_dict(),
                              "unmarked_answer": o.class_config.unmarked_answer}}
         (o.out / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         return stats
+
+    def _off_policy(self, works: list[RolloutWork]) -> frozenset[str]:
+        """Ids of the batch's calls whose recorded parameters break the sampling policy (each
+        counted in its rollout's `policy_violations`; the first reasons kept in stats.json)."""
+        owner = {n.call.call_id: w for w in works for tree in w.trees for n in tree.nodes}
+        bad = set()
+        for call_id, request in self.reader.requests(list(owner)).items():
+            reasons = violations(self.opts.sampling_policy, request or {})  # type: ignore[arg-type]
+            if reasons:
+                bad.add(call_id)
+                owner[call_id].stats["policy_violations"] += 1
+                if len(self.violations) < 100:
+                    self.violations[call_id] = reasons
+        return frozenset(bad)
 
     def _count(self, w: RolloutWork) -> None:
         s = w.stats

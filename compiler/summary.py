@@ -16,6 +16,8 @@ _ROWS = (
     ("untrained_sessions", "sessions not trained"), ("no_outcome", "rollouts without outcome"),
     ("skipped_no_outcome", "  left out (no outcome)"), ("singleton_groups", "groups of one rollout"),
     ("singleton_buckets", "turn buckets of one"), ("masked_truncated", "unfinished last turns masked"),
+    ("policy_violations", "off-policy calls"), ("policy_dropped", "  samples dropped"),
+    ("policy_masked", "  turns masked"), ("policy_flagged", "  samples flagged"),
     ("tokens_recorded", "tokens recorded (Σ|S_c|)"), ("tokens_emitted", "tokens emitted"),
     ("token_saving", "token saving"), ("trainable_tokens", "trainable tokens"),
     ("class_reasoning", "  reasoning"), ("class_action", "  action"), ("class_args", "  args"),

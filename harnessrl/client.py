@@ -97,9 +97,11 @@ class HarnessRL:
         params = {k: v for k, v in (("task_id", task_id), ("group_id", group_id), ("run", run)) if v is not None}
         return self._check(self._http.get("/harnessrl/rollouts", params=params))["data"]
 
-    def push_weights(self, path: str, version: str | None = None) -> str:
-        """Have the proxy's backend load a checkpoint; returns the new weight version."""
-        return self._post("/harnessrl/weights", {"path": str(path), "version": version})["version"]
+    def push_weights(self, path: str, version: str | None = None, lora: bool = False) -> str:
+        """Have the proxy's backend load a checkpoint (with several upstreams: drain and reload
+        each, `lora`: as a LoRA adapter); returns the new weight version."""
+        body = {"path": str(path), "version": version, **({"lora": True} if lora else {})}
+        return self._post("/harnessrl/weights", body)["version"]
 
     def close(self) -> None:
         self._http.close()

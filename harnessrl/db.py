@@ -87,6 +87,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             if engine.dialect.name == "postgresql":  # a migration may lock and rewrite big tables
                 conn.exec_driver_sql("SET LOCAL lock_timeout = 0")
                 conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
+                # proxies started together on one DB take turns: the next finds the schema at head
+                # (an advisory lock of this transaction, keyed by the schema it migrates)
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext(current_schema()))")
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
     except Exception as exc:  # noqa: BLE001 - surfaced as one line to the user

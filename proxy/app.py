@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from harnessrl.db import open_db
+from harnessrl.sampling_policy import load_policy
 from harnessrl.proxy.anthropic_wire import MESSAGES
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.config import ProxyConfig
@@ -43,6 +44,7 @@ from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.responses_wire import RESPONSES
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
+from harnessrl.proxy.sampling import enforce
 from harnessrl.proxy.status import RolloutStatus
 from harnessrl.proxy.route_passthrough import PassThroughRoute
 from harnessrl.proxy.route_tokens import TokenRoute
@@ -53,6 +55,8 @@ from harnessrl.proxy.route_text import TextOnlyRoute
 from harnessrl.proxy.upstream_anthropic import ANTHROPIC_DIALECT
 from harnessrl.proxy.upstream_responses import RESPONSES_DIALECT
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
+from harnessrl.proxy.upstreams_life import start_upstreams, stop_upstreams
+from harnessrl.proxy.weights_drain import push_all
 from harnessrl.proxy.validate import parse_json
 
 log = logging.getLogger("harnessrl.proxy")
@@ -86,6 +90,7 @@ class RewardIn(BaseModel):
 class WeightsIn(BaseModel):
     path: str
     version: str | None = None
+    lora: bool = False  # several upstreams: load the checkpoint as a LoRA adapter named `version`
 
 
 # the API surfaces served on the hot path
@@ -126,21 +131,27 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     stored = StoredCalls(session_factory)
     statuses = RolloutStatus(store, cfg.strict_rollouts)
     metrics = ProxyMetrics(engine)
+    policy = load_policy(cfg.sampling_policy) if cfg.sampling_policy else None
     state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         recorder = Recorder(engine, busy_s=cfg.db_lock_timeout_s, metrics=metrics)
-        pool = (Pool(cfg.upstream, timeout=cfg.upstream_timeout, ca_file=cfg.upstream_ca,
-                     credentials=credential_headers(cfg.upstream_dialect, cfg.upstream_api_key))
-                if cfg.upstream else None)
+        def make_pool(url: str) -> Pool:
+            return Pool(url, timeout=cfg.upstream_timeout, ca_file=cfg.upstream_ca,
+                        credentials=credential_headers(cfg.upstream_dialect, cfg.upstream_api_key))
+
+        ups = start_upstreams(cfg, make_pool, metrics.registry) if cfg.several else None
+        pool = ups.all[0].pool if ups is not None else make_pool(cfg.upstream) if cfg.upstream else None
         serving = Serving(_route(cfg, backend, pool), recorder, statuses, cfg.prefix_cache_bytes, metrics)
         metrics.watch(lambda: recorder.queue_depth, lambda: serving.index.nbytes)
-        state.update(serving=serving, recorder=recorder, pool=pool)
+        state.update(serving=serving, recorder=recorder, pool=pool, upstreams=ups)
         try:
             yield
         finally:
-            if pool is not None:
+            if ups is not None:
+                stop_upstreams(ups)
+            elif pool is not None:
                 pool.close()
             recorder.close()
             engine.dispose()
@@ -182,30 +193,42 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     # ---- OpenAI endpoints (hot path) ----------------------------------------------------
     async def hot(scope, receive, send, adapter: Adapter, path_params: dict) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _HOT_HEADERS}
+        lease = None
         try:
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
             call = adapter.request(parse_json(await read_body(headers, receive, cfg.max_body_bytes)))
             if call.surface is not None and adapter.headers:
                 call.surface["headers"] = {h: headers[h] for h in adapter.headers if h in headers}
+            if policy is not None:
+                enforce(policy, call)
             await statuses.check(ident.rollout)
             if adapter.resolve is not None:
                 call = await adapter.resolve(call, stored.fetch)
             serving: Serving = state["serving"]
+            if state["upstreams"] is not None:  # the session's upstream, held until the answer is sent
+                lease = await state["upstreams"].acquire((ident.rollout, ident.agent, ident.session))
+                call.upstream = lease
+                call.notes = {**(call.notes or {}), "harnessrl_upstream": lease.url}
             call_id = os.urandom(16).hex()
             current_call.set(call_id)  # on every log line about this call (this request's task)
             wire = adapter.wire(call, call_id, serving.route.model_name)
             response = await serving.handle(call, ident, call_id, wire, adapter.error)
         except ProxyError as err:
             response = adapter.error(err)
-        await response(scope, receive, send)
+        try:
+            await response(scope, receive, send)
+        finally:
+            if lease is not None:
+                lease.release()
 
     async def models(request: Request) -> Response:
         try:
             check_auth(request.headers, cfg.api_key)
         except ProxyError as err:
             return error_response(err)
-        pool: Pool | None = state["pool"]
+        ups = state["upstreams"]
+        pool: Pool | None = ups.home(("models",)).pool if ups is not None else state["pool"]
         if backend is None and pool is not None and not cfg.served_model_name and cfg.upstream_dialect == "openai-chat":
             try:
                 resp = await pool.request("GET", "/v1/models")
@@ -284,10 +307,20 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         return _json(store.get(rollout_id))
 
     @app.post("/harnessrl/weights", dependencies=[api])
-    def push_weights(body: WeightsIn):
+    async def push_weights(body: WeightsIn):
         check_labels(version=body.version)
         if "\0" in body.path:
             raise bad_request("'path' may not hold U+0000", param="path", code="invalid_value")
+        if state["upstreams"] is not None:
+            version = body.version or os.path.basename(body.path.rstrip("/"))
+            check_labels(version=version)
+            report = await push_all(state["upstreams"], body.path, version, body.lora, cfg.push_mode,
+                                    cfg.drain_timeout_s)
+            await run_in_threadpool(store.weight_version, version, body.path)
+            return _json(report)
+        return await run_in_threadpool(_push_one_backend, body)
+
+    def _push_one_backend(body: WeightsIn) -> Response:
         if backend is not None:
             try:
                 version = backend.reload(body.path, body.version)

@@ -17,8 +17,21 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
     @app.command("proxy")
     def proxy(
         db: str = typer.Option("runs.db", "--db", help="Records DB: SQLite path or postgresql+psycopg:// URL."),
-        upstream: str = typer.Option(None, "--upstream", help="Server to forward to: vLLM or any OpenAI-compatible "
-                                     "one, or a hosted model (see --upstream-dialect); http[s]://host[:port]."),
+        upstream: list[str] = typer.Option(None, "--upstream", metavar="URL", help="Server to forward to: vLLM or any "
+                                           "OpenAI-compatible one, or a hosted model (see --upstream-dialect); "
+                                           "http[s]://host[:port]. Repeat for several replicas (sticky sessions)."),
+        upstreams_file: str = typer.Option(None, "--upstreams", help="File listing the upstream URLs, one a line "
+                                           "(re-read on SIGHUP); instead of --upstream."),
+        fail_after: int = typer.Option(3, "--fail-after", help="Several upstreams: consecutive connection errors "
+                                       "or 5xx that take one out (probed back in with backoff)."),
+        probe_interval: float = typer.Option(1.0, "--probe-interval", help="Several upstreams: first probe of a "
+                                             "failed one after this many seconds (doubling to 30)."),
+        push_mode: str = typer.Option("rolling", "--push-mode", help="Several upstreams: a weight push reloads "
+                                      "them 'rolling' (one at a time) or 'all' at once."),
+        drain_timeout: float = typer.Option(60.0, "--drain-timeout", help="Several upstreams: seconds a push waits "
+                                            "for an upstream's calls in flight before reloading it."),
+        push_wait: float = typer.Option(30.0, "--push-wait", help="Several upstreams: seconds a call waits for its "
+                                        "reloading upstream before a retryable 503 with Retry-After (0: at once)."),
         upstream_dialect: str = typer.Option("openai-chat", "--upstream-dialect", help="What the upstream speaks: "
                                              "openai-chat (vLLM: token ids, trainable) | openai-responses | anthropic "
                                              "(text only: expert traces, never RL samples)."),
@@ -55,6 +68,9 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                                               "may wait for a lock (and a call for its locked rollout row)."),
         db_statement_timeout: float = typer.Option(30.0, "--db-statement-timeout",
                                                    help="PostgreSQL: seconds a statement may run."),
+        sampling_policy: str = typer.Option(None, "--sampling-policy", help="YAML file of sampling parameters "
+                                            "enforced on every call (temperature, top_p, max_tokens cap, forbidden "
+                                            "ones such as logit_bias); the record keeps what the harness asked."),
         no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (it is never "
                                    "served with --api-key: the viewer has no authentication)."),
     ) -> None:
@@ -70,9 +86,14 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
             api_key = ""  # an empty variable must not silently turn authentication off: check() refuses it
         if upstream_api_key is None and os.environ.get("HARNESSRL_UPSTREAM_API_KEY") == "":
             upstream_api_key = ""  # likewise refused: a typo in a deployment must not go unnoticed
-        if upstream and backend == "local":
+        if (upstream or upstreams_file) and backend == "local":
             raise UserError("give either --upstream URL or --backend local --model PATH, not both")
-        cfg = ProxyConfig(db=db, backend=backend, upstream=upstream, model=model, tokenizer=tokenizer, prefix=prefix,
+        if upstream and upstreams_file:
+            raise UserError("give either --upstream URL (repeatable) or --upstreams FILE, not both")
+        cfg = ProxyConfig(db=db, backend=backend, upstream=upstream[0] if upstream else None,
+                          upstreams=tuple(upstream or ()), upstreams_file=upstreams_file, fail_after=fail_after,
+                          probe_s=probe_interval, push_mode=push_mode, drain_timeout_s=drain_timeout,
+                          push_wait_s=push_wait, sampling_policy=sampling_policy, model=model, tokenizer=tokenizer, prefix=prefix,
                           host=host, port=port, api_key=api_key, upstream_api_key=upstream_api_key,
                           upstream_dialect=upstream_dialect, upstream_ca=upstream_ca, upstream_model=upstream_model,
                           max_body_bytes=int(max_body_mb * 1024 * 1024),
@@ -83,7 +104,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           db_statement_timeout_s=db_statement_timeout)
         cfg.check()
         log_config = configure(log_format, log_level)
-        target = upstream if backend == "upstream" else f"local model {model}"
+        target = ", ".join(cfg.upstreams or (cfg.upstream,)) if backend == "upstream" else f"local model {model}"
         console = Console(stderr=True)
         say, warn = console.print, lambda msg: console.print(f"[yellow]warning:[/yellow] {msg}")
         if log_format == "json":  # every line on stderr is then a JSON object

@@ -43,6 +43,21 @@ class ProxyConfig:
     db_lock_timeout_s: float = 5.0  # PostgreSQL lock_timeout; also how long a call waits on a locked rollout row
     db_statement_timeout_s: float = 30.0  # PostgreSQL statement_timeout
     prefix_cache_bytes: int = 256 * 1024 * 1024  # the prefix index's memory bound
+    # several upstreams (`upstreams.py`): every URL (`--upstream` given more than once), or a file
+    # listing them (re-read on SIGHUP); `upstream` is then the first
+    upstreams: tuple[str, ...] = ()
+    upstreams_file: str | None = None
+    fail_after: int = 3  # consecutive connection errors / 5xx that take an upstream out
+    probe_s: float = 1.0  # first probe of a failed upstream after this; doubles to 30 s
+    push_mode: str = "rolling"  # weight push to several upstreams: "rolling" (one at a time) | "all"
+    drain_timeout_s: float = 60.0  # how long a push waits for an upstream's calls in flight
+    push_wait_s: float = 30.0  # how long a call waits for its reloading upstream before a 503 + Retry-After
+    sampling_policy: str | None = None  # YAML file (`harnessrl.sampling_policy`): enforced on every call
+
+    @property
+    def several(self) -> bool:
+        """Whether calls are spread over several upstreams (an `Upstreams` ring, not one pool)."""
+        return self.backend == "upstream" and (len(self.upstreams) > 1 or self.upstreams_file is not None)
 
     @property
     def prefix_mode(self) -> bool:
@@ -52,6 +67,21 @@ class ProxyConfig:
         if self.backend not in ("upstream", "local"):
             raise UserError(f"--backend must be 'upstream' or 'local', got {self.backend!r}")
         if self.backend == "upstream":
+            if self.upstreams_file is not None:
+                from harnessrl.proxy.upstreams import read_upstreams_file
+
+                self.upstreams = tuple(read_upstreams_file(self.upstreams_file))
+                if not self.upstreams:
+                    raise UserError(f"--upstreams: {self.upstreams_file} lists no upstream URL")
+            if self.upstreams:
+                for url in self.upstreams:
+                    if not url.startswith(("http://", "https://")):
+                        raise UserError(f"--upstream must be an http:// or https:// URL, got {url!r}")
+                self.upstream = self.upstreams[0]
+            if self.push_mode not in ("rolling", "all"):
+                raise UserError(f"--push-mode must be 'rolling' or 'all', got {self.push_mode!r}")
+            if self.fail_after < 1 or self.probe_s <= 0 or self.drain_timeout_s < 0 or self.push_wait_s < 0:
+                raise UserError("--fail-after must be >= 1, --probe-interval > 0, --drain-timeout and --push-wait >= 0")
             if not self.upstream:
                 raise UserError("give --upstream URL (an OpenAI-compatible server) or --backend local --model PATH")
             if not self.upstream.startswith(("http://", "https://")):
@@ -83,6 +113,10 @@ class ProxyConfig:
             if not all("!" <= c <= "~" for c in self.upstream_api_key):
                 # it goes into an HTTP header: no spaces, line breaks or non-ASCII
                 raise UserError("the upstream API key may only hold printable ASCII characters, no spaces")
+        if self.sampling_policy is not None:
+            from harnessrl.sampling_policy import load_policy
+
+            load_policy(self.sampling_policy)  # a bad file stops the start with its one-line reason
         if self.log_format not in ("text", "json"):
             raise UserError(f"--log-format must be 'text' or 'json', got {self.log_format!r}")
         if self.prefix_cache_bytes < 0:

@@ -75,7 +75,7 @@ async def serve_embeddings(serving: Serving, req: Request, ident: Identity, call
     rec = serving.record(req, ident, call_id)
     headers = {"x-harnessrl-call": call_id}
     try:
-        data = await _embed(serving.route, req.body)
+        data = await _embed(serving.route, req.body, req.upstream)
         usage = data.get("usage") or {}
         rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         rec.completion_tokens = 0
@@ -92,8 +92,8 @@ async def serve_embeddings(serving: Serving, req: Request, ident: Identity, call
     return Response(orjson.dumps(data), 200, headers, "application/json")
 
 
-async def _embed(route: Any, body: dict) -> dict:
-    pool = getattr(route, "pool", None) or getattr(getattr(route, "backend", None), "pool", None)
+async def _embed(route: Any, body: dict, via: Any = None) -> dict:
+    pool = via or getattr(route, "pool", None) or getattr(getattr(route, "backend", None), "pool", None)
     if pool is not None:  # the upstream embeds
         resp = await pool.request("POST", "/v1/embeddings", orjson.dumps(body))
         if resp.status != 200:

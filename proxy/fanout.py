@@ -57,7 +57,7 @@ def sample_request(req: Request, i: int) -> Request:
     body = {k: v for k, v in req.body.items() if k not in ("n", "best_of")}
     if i and isinstance(body.get("seed"), int):
         body["seed"] += i
-    return Request(body, req.chat)
+    return Request(body, req.chat, upstream=req.upstream, notes=req.notes)
 
 
 async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str, wire: Wire) -> Response:

@@ -41,12 +41,17 @@ def add_probes(app: FastAPI, engine: Engine, state: dict[str, Any], local_backen
         checks: dict[str, str] = {"database": "ok" if await run_in_threadpool(_db_answers, engine) else "unreachable"}
         recorder = state.get("recorder")
         checks["writer"] = recorder.health()["writer"] if recorder is not None else "not started"
+        ups = state.get("upstreams")
         if local_backend is not None:
             checks["backend"] = "ok"
+        elif ups is not None:  # ready while one upstream takes calls; each one's state and load below
+            checks["upstreams"] = "ok" if any(u.up for u in ups.all) else "all down"
         elif state.get("pool") is not None:
             checks["upstream"] = await _upstream(state["pool"])
         ok = all(v == "ok" for v in checks.values())
         body = {"status": "ready" if ok else "not_ready", "checks": checks}
+        if ups is not None:
+            body["upstreams"] = ups.snapshot()
         return Response(orjson.dumps(body), 200 if ok else 503, media_type="application/json")
 
 

@@ -26,6 +26,11 @@ class Request:
     # another API surface's own request ({api, body, headers}): recorded beside the chat body
     # (under "harnessrl_surface"), never forwarded
     surface: dict[str, Any] | None = None
+    # several upstreams: the session's `upstreams.Lease` (Pool's request/stream) the route forwards
+    # with; None: the route's own pool
+    upstream: Any = None
+    # recorded beside the body, never forwarded ("harnessrl_upstream", "harnessrl_sampling")
+    notes: dict[str, Any] | None = None
 
     @property
     def endpoint(self) -> str:

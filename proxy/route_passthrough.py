@@ -31,7 +31,7 @@ class PassThroughRoute:
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
         body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
-        resp = await self.pool.request("POST", _path(req), body)
+        resp = await (req.upstream or self.pool).request("POST", _path(req), body)
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
         try:
@@ -43,7 +43,7 @@ class PassThroughRoute:
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
         body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
-        resp, chunks = await self.pool.stream("POST", _path(req), body)
+        resp, chunks = await (req.upstream or self.pool).stream("POST", _path(req), body)
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
         asm = StreamAssembler(wants, req.chat)

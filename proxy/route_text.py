@@ -60,7 +60,7 @@ class TextOnlyRoute:
         return orjson.dumps(body)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        resp = await self.pool.request("POST", self.dialect.path, self._body(req, False))
+        resp = await (req.upstream or self.pool).request("POST", self.dialect.path, self._body(req, False))
         if resp.status != 200:
             raise self.dialect.error(resp.status, resp.body)
         try:
@@ -70,7 +70,7 @@ class TextOnlyRoute:
         return self.dialect.result(data)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        resp, chunks = await self.pool.stream("POST", self.dialect.path, self._body(req, True))
+        resp, chunks = await (req.upstream or self.pool).stream("POST", self.dialect.path, self._body(req, True))
         if resp.status != 200:
             raise self.dialect.error(resp.status, b"".join([c async for c in chunks]))
         asm = self.dialect.assembler()

@@ -77,6 +77,7 @@ class TokenRoute:
 
     def _params(self, req: Request) -> SamplingParams:
         params = sampling(req.body, self.default_max_tokens, req.top_logprobs)
+        params.via = req.upstream
         if req.chat and self._local:
             compiled = self._grammar(req.body)
             if compiled is not None:

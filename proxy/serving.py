@@ -116,7 +116,7 @@ class Serving:
                           parent_call_id=ident.parent_call, endpoint=req.endpoint,
                           model=getattr(self.route, "model_path", None) or req.body.get("model"),
                           stream=req.stream, created_at=time.time(),
-                          request=req.body if req.surface is None else {**req.body, "harnessrl_surface": req.surface})
+                          request=_recorded(req))
 
     async def _relay(self, req: Request, ident: Identity, rec: CallRecord, wire: Wire, first: list[Delta] | Result,
                      events: AsyncGenerator[list[Delta] | Result, None], t0: float, tm: float,
@@ -237,6 +237,13 @@ class _ClosingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+def _recorded(req: Request) -> dict:
+    if req.surface is None and req.notes is None:
+        return req.body
+    extra = {"harnessrl_surface": req.surface} if req.surface is not None else {}
+    return {**req.body, **extra, **(req.notes or {})}
 
 
 def _key(ident: Identity) -> tuple:

@@ -57,7 +57,7 @@ class UpstreamTokens:
         return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", self.weight_version, tops)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        resp = await self.pool.request("POST", "/v1/completions", self._body(prompt_ids, params, False))
+        resp = await (params.via or self.pool).request("POST", "/v1/completions", self._body(prompt_ids, params, False))
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
         try:
@@ -70,7 +70,7 @@ class UpstreamTokens:
         return self._completion(prompt_ids, ids, lps, finish, version, tops)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta | Completion]:
-        resp, chunks = await self.pool.stream("POST", "/v1/completions", self._body(prompt_ids, params, True))
+        resp, chunks = await (params.via or self.pool).stream("POST", "/v1/completions", self._body(prompt_ids, params, True))
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
         ids: list[int] = []

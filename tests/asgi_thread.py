@@ -13,10 +13,12 @@ import uvicorn
 
 
 @contextmanager
-def serve_in_thread(app, start_timeout: float = 60.0, **config) -> Iterator[str]:
-    """Yields the server's base URL; `config`: extra `uvicorn.Config` arguments."""
+def serve_in_thread(app, start_timeout: float = 60.0, port: int = 0, **config) -> Iterator[str]:
+    """Yields the server's base URL; `port`: a given one (a server restarted where it was);
+    `config`: extra `uvicorn.Config` arguments."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

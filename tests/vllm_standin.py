@@ -18,7 +18,9 @@ Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malforme
 status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
 (a stream chunk that is not JSON, after the first content chunk), "no-choices" (`choices: null`,
 streams too), "slow-stream" (50 ms between streamed chat tokens); "nul-output" answers text
-holding U+0000 (as models sometimes do). With `api_key` it answers 401 to any request without
+holding U+0000 (as models sometimes do). vLLM's reload API (`/collective_rpc` reload_weights,
+`/v1/load_lora_adapter`, `/reset_prefix_cache`) changes the weight version it reports; a stream
+that a reload overtakes reports two version spans. With `api_key` it answers 401 to any request without
 `Authorization: Bearer <api_key>` (vLLM's `--api-key`) and keeps the Authorization headers it
 was sent in `app.state.auth_seen`. Run as a process:
 `python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY]`.
@@ -51,6 +53,8 @@ class StandIn:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.version = WEIGHT_VERSION  # changed by a reload (vLLM's reload_weights / load_lora_adapter)
+        self.reloads = 0
         self.eos = self.tok.eos_token_id
         self._prompts: dict[bytes, list[int]] = {}
         self._replies: dict[tuple, tuple[list[int], list[float]]] = {}
@@ -146,7 +150,7 @@ class StandIn:
         if opts.ids:
             choice["token_ids"] = ids
         if opts.versions:
-            choice["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
+            choice["weight_versions"] = [{"version": self.version, "start": 0, "end": len(ids)}]
         body = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
                 "model": model, "choices": [choice], "usage": _usage(prompt, ids),
                 "prompt_token_ids": prompt if opts.ids else None}
@@ -159,6 +163,7 @@ class StandIn:
     async def _chat_stream(self, req, model, prompt, ids, lps, content, calls, finish, opts):
         base = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": model}
+        started_on = self.version  # a reload mid-stream gives the call two version spans, as vLLM's do
 
         def chunk(delta, tids, finish_reason=None, at=(), top=None, extra=None):
             ch = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -191,7 +196,11 @@ class StandIn:
             yield chunk({"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]},
                         [ids[j] for j in rest], at=rest)
         last = list(range(n_text, len(ids)))
-        extra = {"weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]} if opts.versions else {}
+        spans = [{"version": started_on, "start": 0, "end": len(ids)}]
+        if self.version != started_on:
+            spans = [{"version": started_on, "start": 0, "end": len(ids) - 1},
+                     {"version": self.version, "start": len(ids) - 1, "end": len(ids)}]
+        extra = {"weight_versions": spans} if opts.versions else {}
         yield chunk({}, [ids[j] for j in last], finish, at=last, extra=extra)
         if opts.usage:
             yield b"data: " + orjson.dumps({**base, "choices": [], "usage": _usage(prompt, ids)}) + b"\n\n"
@@ -222,7 +231,7 @@ class StandIn:
         if opts.ids:
             choice["prompt_token_ids"], choice["token_ids"] = prompt, ids
         if opts.versions:
-            choice["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
+            choice["weight_versions"] = [{"version": self.version, "start": 0, "end": len(ids)}]
         body = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
                 "model": model, "choices": [choice], "usage": _usage(prompt, ids)}
         return Response(orjson.dumps(_malformed(body, model)), media_type="application/json")
@@ -245,7 +254,7 @@ class StandIn:
                 if i == 0:
                     ch["prompt_token_ids"] = prompt
             if last and opts.versions:
-                ch["weight_versions"] = [{"version": WEIGHT_VERSION, "start": 0, "end": len(ids)}]
+                ch["weight_versions"] = [{"version": self.version, "start": 0, "end": len(ids)}]
             yield b"data: " + orjson.dumps({**base, "choices": [ch]}) + b"\n\n"
             if model == "bad-chunk":
                 yield b"data: {not json\n\n"
@@ -267,6 +276,21 @@ class StandIn:
         return Response(orjson.dumps({"object": "list", "data": data, "model": req.get("model") or "standin",
                                       "usage": {"prompt_tokens": n, "total_tokens": n}}),
                         media_type="application/json")
+
+    async def reload(self, request: Request) -> Response:
+        """vLLM's reload API: `POST /collective_rpc` (reload_weights: the version becomes the
+        checkpoint directory's name, as `trainer/push.save_checkpoint` names them),
+        `POST /v1/load_lora_adapter` (the adapter's name), `POST /reset_prefix_cache`."""
+        body = orjson.loads(await request.body() or b"null")
+        if request.url.path == "/collective_rpc":
+            if body.get("method") != "reload_weights":
+                return _err(400, f"unknown method {body.get('method')!r}")
+            self.version = str(body["kwargs"]["weights_path"]).rstrip("/").rsplit("/", 1)[-1]
+            self.reloads += 1
+        elif request.url.path == "/v1/load_lora_adapter":
+            self.version = str(body["lora_name"])
+            self.reloads += 1
+        return Response(b"{}", media_type="application/json")
 
     async def _hooks(self, model: str) -> Response | None:
         if model == "fail-500":
@@ -323,6 +347,9 @@ def create_app(tokenizer_dir: str, api_key: str | None = None) -> FastAPI:
     app.add_route("/v1/chat/completions", s.chat, methods=["POST"])
     app.add_route("/v1/completions", s.completions, methods=["POST"])
     app.add_route("/v1/embeddings", s.embeddings, methods=["POST"])
+    for path in ("/collective_rpc", "/reset_prefix_cache", "/v1/load_lora_adapter"):
+        app.add_route(path, s.reload, methods=["POST"])
+    app.state.standin = s
 
     async def models(_request: Request) -> Response:
         return Response(orjson.dumps({"object": "list", "data": [{"id": "standin", "object": "model"}]}),
@@ -332,12 +359,12 @@ def create_app(tokenizer_dir: str, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def run_standin(tokenizer_dir: str, app: FastAPI | None = None):
-    """The stand-in (or `app`, one made by `create_app`) on a free port in a background thread; a
-    context manager yielding its base URL."""
+def run_standin(tokenizer_dir: str, app: FastAPI | None = None, port: int = 0):
+    """The stand-in (or `app`, one made by `create_app`) on a free port (or `port`) in a
+    background thread; a context manager yielding its base URL."""
     from asgi_thread import serve_in_thread
 
-    return serve_in_thread(app or create_app(tokenizer_dir), loop="uvloop", http="httptools")
+    return serve_in_thread(app or create_app(tokenizer_dir), loop="uvloop", http="httptools", port=port)
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Checkpoints and weight push.
 
 - `save_checkpoint`: a fresh directory per version (full model or LoRA adapter, tokenizer included).
-- Push to the proxy's local backend: `POST /harnessrl/weights {path, version}`; the proxy reloads,
+- Push to the proxy: `POST /harnessrl/weights {path, version, lora}`; the proxy reloads its local
+  backend (or, with several upstreams, drains and reloads each vLLM: `proxy/weights_drain.py`),
   writes the weight_versions row, and later calls record the new version.
 - Push to vLLM: full weights by `POST /collective_rpc {"method": "reload_weights", "kwargs":
   {"weights_path": DIR}}` (server in dev mode) then `POST /reset_prefix_cache`; LoRA by
@@ -54,12 +55,12 @@ def is_proxy(url: str, timeout: float = 10.0) -> bool:
         raise UserError(f"push failed: cannot reach {url}") from None
 
 
-def push_proxy(url: str, path: Path, version: str, timeout: float = 600.0) -> str:
+def push_proxy(url: str, path: Path, version: str, timeout: float = 600.0, lora: bool = False) -> str:
     from harnessrl.client import HarnessRL, HarnessRLError
 
     try:
         with HarnessRL(url, timeout=timeout) as hrl:
-            return hrl.push_weights(str(path.resolve()), version=version)
+            return hrl.push_weights(str(path.resolve()), version=version, lora=lora)
     except (HarnessRLError, httpx.HTTPError) as exc:
         raise UserError(f"push to the proxy at {url} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
@@ -90,7 +91,7 @@ def push(url: str, path: Path, version: str, target: str = "auto", lora: bool = 
     if target == "auto":
         target = "proxy" if is_proxy(url) else "vllm"
     if target == "proxy":
-        return push_proxy(url, path, version)
+        return push_proxy(url, path, version, lora=lora)
     if target == "vllm":
         return push_vllm(url, path, version, lora, db)
     raise UserError(f"unknown push target {target!r} (auto, proxy or vllm)")
