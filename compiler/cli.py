@@ -46,6 +46,8 @@ def compile_cmd(
                                         "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
     unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
                                         "marker: args | reasoning."),
+    jobs: int = typer.Option(0, "--jobs", min=0, help="Worker processes, each compiling whole batches of groups "
+                             "(0: one per CPU; output identical to --jobs 1)."),
 ) -> None:
     """Compile recorded calls into training samples (Parquet) with rewards and advantages."""
     from rich.console import Console
@@ -66,7 +68,7 @@ def compile_cmd(
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
                           mask_truncated=mask_truncated, adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
-                          class_config=ClassConfig(unmarked_answer=unmarked_answer))
+                          class_config=ClassConfig(unmarked_answer=unmarked_answer), jobs=jobs)
     compiler = Compiler(db, opts)
     console = Console()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
