@@ -51,15 +51,16 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--delegate", action="store_true", help="planner → worker variant of the task family")
     ap.add_argument("--model", default=None, help="base model directory (default: build the tiny model)")
-    ap.add_argument("--hidden", type=int, default=64, help="tiny model width when building it")
-    ap.add_argument("--layers", type=int, default=2, help="tiny model depth when building it")
+    ap.add_argument("--hidden", type=int, default=128, help="tiny model width when building it")
+    ap.add_argument("--layers", type=int, default=4, help="tiny model depth when building it")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--sft-steps", type=int, default=400)
-    ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--sft-steps", type=int, default=800)
+    ap.add_argument("--sft-lr", type=float, default=2e-3)
+    ap.add_argument("--sft-worlds", type=int, default=8, help="copies of the SFT traces with other worlds' values")
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per round")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-4)
     args = ap.parse_args()
 
     from harnessrl.app.loop import LoopConfig, run_loop
@@ -69,8 +70,7 @@ def main() -> None:
 
     console = Console()
     out = args.out
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     base = args.model or str(build_tiny_model(out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
     console.print(f"base model ready in {time.perf_counter() - t_all:.0f} s")
@@ -79,13 +79,14 @@ def main() -> None:
     runs: dict[str, list[dict]] = {a: [] for a in algos}
     for seed in seeds:
         train, _ = toolbox.generate(seed, args.delegate)
-        train_file = toolbox.write(train, out / f"sft-{seed}.jsonl", sft=True)
+        train_file = toolbox.write(toolbox.sft_tasks(train, args.sft_worlds, seed), out / f"sft-{seed}.jsonl", sft=True)
         t = time.perf_counter()
-        warm = sft(SftConfig(tasks=str(train_file), model=base, out=str(out / f"warm-{seed}"),
-                             steps=args.sft_steps, lr=args.sft_lr, seed=seed))
+        warm = _warm_start(out / f"warm-{seed}", SftConfig(tasks=str(train_file), model=base, out="",
+                                                          steps=args.sft_steps, lr=args.sft_lr, seed=seed), sft)
         console.print(f"seed {seed}: warm start ({args.sft_steps} SFT steps) in {time.perf_counter() - t:.0f} s")
         for algo in algos:
             t = time.perf_counter()
+            shutil.rmtree(out / f"{algo}-{seed}", ignore_errors=True)
             state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group,
                                         model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
                                         batch_size=args.batch_size, lr=args.lr, seed=seed), Console(quiet=True))
@@ -121,6 +122,22 @@ def main() -> None:
         console.print(f"{algo}: {verdict}")
     _plot(summary, out / "learning.png", harness)
     console.print(f"total {time.perf_counter() - t_all:.0f} s; results in {out}/results.json, plot {out}/learning.png")
+
+
+def _warm_start(where: Path, cfg, sft) -> Path:
+    """The SFT warm start, reused from an earlier run in the same --out with the same settings
+    (SFT is deterministic given them)."""
+    key = json.dumps({"model": cfg.model, "steps": cfg.steps, "lr": cfg.lr, "seed": cfg.seed,
+                      "tasks": Path(cfg.tasks).read_text()}, sort_keys=True)
+    marker = where / "warm-start.json"
+    if marker.is_file() and marker.read_text() == key:
+        return Path(marker.with_name("model").read_text())
+    shutil.rmtree(where, ignore_errors=True)
+    cfg.out = str(where)
+    model = sft(cfg)
+    marker.with_name("model").write_text(str(model))
+    marker.write_text(key)
+    return Path(model)
 
 
 def _plot(summary: dict, path: Path, title: str) -> None:

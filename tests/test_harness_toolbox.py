@@ -57,3 +57,14 @@ def test_toolbox_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent
         calls = s.scalars(select(Call).where(Call.rollout_id == rollout.id).order_by(Call.seq)).all()
         assert calls and calls[0].agent == agent and all(c.status == "ok" for c in calls)
         assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == result.outcome
+
+
+@pytest.mark.unit
+def test_sft_copies_keep_the_calls_and_change_the_values():
+    train, _ = toolbox.generate(0)
+    copies = toolbox.sft_tasks(train, 3, 0)
+    assert copies[:64] == train and len(copies) == 256
+    for w in range(1, 4):
+        block = copies[64 * w: 64 * (w + 1)]
+        assert [(t.item, t.attribute) for t in block] == [(t.item, t.attribute) for t in train]
+    assert sum(a.value != b.value for a, b in zip(train, copies[64:128])) > 32  # mostly other values

@@ -112,6 +112,18 @@ def generate(seed: int = 0, delegate: bool = False) -> tuple[list[ToolboxTask], 
     return train, held
 
 
+def sft_tasks(tasks: list[ToolboxTask], worlds: int, seed: int = 0) -> list[ToolboxTask]:
+    """The tasks, then `worlds` copies of them whose values come from other worlds: a warm start
+    that can only fit these by copying (the value from the tool's result, the item from the
+    question), not by remembering one world's table."""
+    out = list(tasks)
+    for w in range(1, worlds + 1):
+        other = world(10_000 * (seed + 1) + w)
+        out += [ToolboxTask(f"{t.id}/w{w}", t.item, t.attribute, other[(t.item, t.attribute)], t.delegate)
+                for t in tasks]
+    return out
+
+
 def write(tasks: list[ToolboxTask], path: str | Path, sft: bool = False) -> Path:
     """Tasks JSONL (`harnessrl tasks import` format); `sft=True` adds the workers' lines of delegated tasks."""
     path = Path(path)
