@@ -68,3 +68,10 @@ def test_sft_copies_keep_the_calls_and_change_the_values():
         block = copies[64 * w: 64 * (w + 1)]
         assert [(t.item, t.attribute) for t in block] == [(t.item, t.attribute) for t in train]
     assert sum(a.value != b.value for a, b in zip(train, copies[64:128])) > 32  # mostly other values
+
+
+@pytest.mark.unit
+def test_training_rounds_see_fresh_worlds_and_evaluation_the_seeds():
+    a, b = toolbox.training_world(0, "round-0-a1"), toolbox.training_world(0, "round-1-a2")
+    assert a == toolbox.training_world(0, "round-0-a1") and a != b and a != toolbox.world(0)
+    assert a.keys() == toolbox.world(0).keys()

@@ -60,6 +60,6 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
             counts["tool_calls"] += c["tool_calls"]
             counts["tool_errors"] += c["tool_errors"]
             counts["model_calls"] = c["model_calls"]
-        em = exact_match(answer, [task.value])
+        em = exact_match(answer, [table[(task.item, task.attribute)]])
         ro.reward(em)
         return RolloutResult(ro.id, task.id, em, answer, {"em": em, "success": em, **counts}, error)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,13 @@ class ToolboxTask:
         """The worker's part of a delegated task, as a line for SFT."""
         solo = ToolboxTask(self.id + "/worker", self.item, self.attribute, self.value)
         return {**solo.row(), "input": self.worker_messages()}
+
+
+def training_world(seed: int, run_tag: str) -> dict[tuple[str, str], str]:
+    """The world a training run sees: a fresh one per run tag (loop round), so that RL rewards
+    calling the right tool and copying its result — remembering a value never pays twice. The
+    held-out evaluation always sees `world(seed)`."""
+    return world(10_000 * (seed + 1) + 101 + zlib.crc32(run_tag.encode()) % 1_000_000)
 
 
 def world(seed: int = 0) -> dict[tuple[str, str], str]:

@@ -73,7 +73,8 @@ def _lookup(src: TaskSource) -> HarnessTasks:
 
 def _toolbox(delegate: bool) -> Callable[[TaskSource], HarnessTasks]:
     """64 training and 64 held-out toolbox tasks of the seed's world (`--eval-fraction` and
-    `--n-tasks` do not apply: the split is by construction; `--tasks` reads a written file)."""
+    `--n-tasks` do not apply: the split is by construction; `--tasks` reads a written file).
+    Training rounds draw a fresh world per round (`tasks.training_world`)."""
     def load(src: TaskSource) -> HarnessTasks:
         from harnessrl.harness_examples.toolbox import harness as toolbox
         from harnessrl.harness_examples.toolbox import tasks as toolbox_tasks
@@ -83,9 +84,13 @@ def _toolbox(delegate: bool) -> Callable[[TaskSource], HarnessTasks]:
             train, held = split_tasks(all_tasks, src.eval_fraction)
         else:
             train, held = toolbox_tasks.generate(src.seed, delegate)
-        table = toolbox_tasks.world(src.seed)
+        held_out = toolbox_tasks.world(src.seed)
+        eval_ids = {t.id for t in held}
 
         def run(url, task, group_id, run_tag, temperature):
+            # training rounds see a fresh world each; evaluation (and held-out tasks) the seed's
+            table = held_out if task.id in eval_ids or run_tag.startswith("eval") else \
+                toolbox_tasks.training_world(src.seed, run_tag)
             return toolbox.run_rollout(url, table, task, toolbox.ToolboxConfig(temperature=temperature),
                                        group_id=group_id, run=run_tag)
 
