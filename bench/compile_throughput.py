@@ -95,13 +95,20 @@ def synthesise(db: str, tok_dir: str, rollouts: int, seed: int = 0) -> dict:
     return {"calls": n_calls, "rollouts": rollouts, "recorded": recorded, "mean_turns": turns_total / rollouts}
 
 
-def run_compile(db: str, tok_dir: str, out: str, queue) -> None:
+def run_compile(db: str, tok_dir: str, out: str, jobs: int, queue) -> None:
     from harnessrl.compiler.export import CompileOptions, Compiler
 
-    start, cpu = time.perf_counter(), time.process_time()
-    stats = Compiler(db, CompileOptions(out=Path(out), tokenizer=tok_dir)).run()
-    queue.put({"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "totals": stats["totals"],
-               "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+    start, cpu = time.perf_counter(), _cpu()
+    stats = Compiler(db, CompileOptions(out=Path(out), tokenizer=tok_dir, jobs=jobs)).run()
+    queue.put({"seconds": time.perf_counter() - start, "cpu": _cpu() - cpu, "totals": stats["totals"],
+               "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "worker_peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024})
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished workers."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def run_naive(db: str, tok_dir: str, out: str, queue) -> None:
@@ -153,16 +160,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rollouts", type=int, default=2020)  # 8–12 turns each: > 20,000 calls
     ap.add_argument("--keep", action="store_true", help="keep the synthesised DB and outputs")
+    ap.add_argument("--jobs", type=int, default=0, help="compile worker processes (0: one per CPU)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hrl-compile-bench-"))
     try:
-        run(work, args.rollouts)
+        run(work, args.rollouts, args.jobs)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run(work: Path, rollouts: int) -> None:
+def run(work: Path, rollouts: int, jobs: int) -> None:
     db = str(work / "bench.db")
     tok_dir = str(work / "tokenizer")
     t0 = time.perf_counter()
@@ -170,7 +178,8 @@ def run(work: Path, rollouts: int) -> None:
     print(f"synthesised {info['calls']:,} calls in {info['rollouts']:,} rollouts "
           f"({info['mean_turns']:.2f} turns, {info['recorded'] / 1e6:.1f}M recorded tokens, "
           f"{Path(db).stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f}s")
-    c = in_child(run_compile, db, tok_dir, str(work / "compiled"))
+    one = in_child(run_compile, db, tok_dir, str(work / "compiled1"), 1)
+    c = in_child(run_compile, db, tok_dir, str(work / "compiled"), jobs)
     n = in_child(run_naive, db, tok_dir, str(work / "naive"))
     t = c["totals"]
     saving = t["token_saving"]
@@ -180,7 +189,11 @@ def run(work: Path, rollouts: int) -> None:
           "processes, CPU time does not")
     print(f"compile: {c['seconds']:.2f}s wall, {c['cpu']:.2f}s CPU, {t['samples']:,} samples; recorded tokens/s "
           f"{t['tokens_recorded'] / c['seconds'] / 1e6:.1f}M (wall), {t['tokens_recorded'] / c['cpu'] / 1e6:.1f}M (CPU); "
-          f"peak memory {c['peak_mb']:.0f} MB")
+          f"peak memory {c['peak_mb']:.0f} MB (parent), {c['worker_peak_mb']:.0f} MB (largest worker); "
+          f"{jobs or os.cpu_count()} jobs")
+    print(f"same compile in one process (--jobs 1): {one['seconds']:.2f}s wall, {one['cpu']:.2f}s CPU, recorded "
+          f"tokens/s {t['tokens_recorded'] / one['seconds'] / 1e6:.1f}M (wall); peak memory {one['peak_mb']:.0f} MB; "
+          f"--jobs speed-up {one['seconds'] / c['seconds']:.2f}x")
     print(f"naive one-sample-per-call baseline: {n['seconds']:.2f}s wall, {n['cpu']:.2f}s CPU, {info['calls']:,} "
           f"samples, {n['emitted'] / 1e6:.1f}M tokens, peak memory {n['peak_mb']:.0f} MB")
     print(f"token saving (Σ|S_c| / emitted): {saving:.2f}x vs naive {info['recorded'] / n['emitted']:.2f}x; "

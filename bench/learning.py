@@ -1,18 +1,25 @@
-"""Learning benchmark: does RL through harnessrl improve a warm-started policy on held-out tasks?
+"""Learning benchmark: can RL through harnessrl lift a warm-started policy on held-out tasks, and
+do the algorithms differ?
 
-1. Build the tiny model; SFT it on expert traces of the lookup task family (training keys only).
-2. From that same warm start, with the same budget and seed, run `harnessrl loop` with each of
-   grpo, capo, matpo and pact on the training tasks; evaluate greedily on held-out keys.
-3. Print success before / after and the per-round held-out curve for every algorithm.
+Task family: toolbox (harness_examples/toolbox) — choose one of four attribute tools (action) and
+fill its item argument (args); 64 training and 64 held-out tasks per seed, held-out ones being
+new tool × item combinations. `--delegate`: the same behind a planner that must ask a worker.
 
-    python bench/learning.py [--rounds 3] [--sft-steps 60] [--out bench-out/learning]
+Per seed: one SFT warm start on the training tasks' expert traces (the same for every
+algorithm); from it, each algorithm runs `harnessrl loop` with the same rounds, group, optimizer
+steps, batch size and learning rate (the same compute); greedy evaluation on the 64 held-out
+tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled
+seed × task outcomes) of held-out success and tool-call validity, before and after; a plot.
 
-Nothing is tuned per algorithm: one learning rate, one step count, one seed for all.
+    python bench/learning.py                                   # full: 3 seeds × 4 algorithms
+    python bench/learning.py --seeds 0 --algos grpo --rounds 2 # reduced: a few minutes
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -21,63 +28,140 @@ from rich.console import Console
 from rich.table import Table
 
 
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% interval of a proportion p observed over n Bernoulli outcomes."""
+    if n == 0:
+        return (math.nan, math.nan)
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def _pooled(values: list[float], n_each: int) -> tuple[float, float, float]:
+    mean = sum(values) / len(values)
+    lo, hi = wilson(mean, n_each * len(values))
+    return mean, lo, hi
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench-out/learning"))
     ap.add_argument("--algos", default="grpo,capo,matpo,pact")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--delegate", action="store_true", help="planner → worker variant of the task family")
+    ap.add_argument("--model", default=None, help="base model directory (default: build the tiny model)")
+    ap.add_argument("--hidden", type=int, default=128, help="tiny model width when building it")
+    ap.add_argument("--layers", type=int, default=4, help="tiny model depth when building it")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--train-tasks", type=int, default=24)
-    ap.add_argument("--eval-tasks", type=int, default=16)
-    ap.add_argument("--sft-steps", type=int, default=400)
-    ap.add_argument("--sft-lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per round")
-    ap.add_argument("--batch-size", type=int, default=16, help="samples per optimizer step")
+    ap.add_argument("--sft-steps", type=int, default=800)
+    ap.add_argument("--sft-lr", type=float, default=2e-3)
+    ap.add_argument("--sft-worlds", type=int, default=8, help="copies of the SFT traces with other worlds' values")
+    ap.add_argument("--steps", type=int, default=8, help="optimizer steps per round")
+    ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    from harnessrl.harness_examples.lookup import tasks as lookup_tasks
     from harnessrl.app.loop import LoopConfig, run_loop
+    from harnessrl.harness_examples.toolbox import tasks as toolbox
     from harnessrl.tiny_model import build_tiny_model
     from harnessrl.trainer.sft import SftConfig, sft
 
     console = Console()
     out = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    tasks = lookup_tasks.generate(args.train_tasks + args.eval_tasks, args.seed)
-    train_file = lookup_tasks.write(tasks[: args.train_tasks], out / "train.jsonl")
-    all_file = lookup_tasks.write(tasks, out / "tasks.jsonl")  # training tasks first, held-out last
-
-    t0 = time.perf_counter()
-    base = build_tiny_model(out / "tiny", seed=args.seed)
-    warm = sft(SftConfig(tasks=str(train_file), model=str(base), out=str(out / "warm"), steps=args.sft_steps,
-                         lr=args.sft_lr, seed=args.seed))
-    console.print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - t0:.0f} s")
-
-    rows = []
-    eval_fraction = args.eval_tasks / (args.train_tasks + args.eval_tasks)
-    for algo in args.algos.split(","):
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    base = args.model or str(build_tiny_model(out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
+    console.print(f"base model ready in {time.perf_counter() - t_all:.0f} s")
+    harness = "toolbox_delegate" if args.delegate else "toolbox"
+    algos, seeds = args.algos.split(","), [int(s) for s in args.seeds.split(",")]
+    runs: dict[str, list[dict]] = {a: [] for a in algos}
+    for seed in seeds:
+        train, _ = toolbox.generate(seed, args.delegate)
+        train_file = toolbox.write(toolbox.sft_tasks(train, args.sft_worlds, seed), out / f"sft-{seed}.jsonl", sft=True)
         t = time.perf_counter()
-        state = run_loop(LoopConfig(harness="lookup", algo=algo, rounds=args.rounds, group=args.group, model=str(warm),
-                                    out=out / algo, tasks=all_file, n_tasks=len(tasks), eval_fraction=eval_fraction,
-                                    steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
-                         Console(quiet=True))
-        curve = [r["eval_success"] for r in state.rounds]
-        train_curve = [r["train_success"] for r in state.rounds]
-        rows.append((algo, state.initial_eval, curve, train_curve, time.perf_counter() - t))
-
-    table = Table(title=f"lookup: held-out success (greedy, {args.eval_tasks} tasks), {args.rounds} rounds, "
-                        f"group {args.group}, {args.steps}×{args.batch_size} samples/round, lr {args.lr}")
-    for col in ("algo", "before", "after", "Δ", "held-out per round", "train success per round", "time (s)"):
+        warm = _warm_start(out / f"warm-{seed}", SftConfig(tasks=str(train_file), model=base, out="",
+                                                          steps=args.sft_steps, lr=args.sft_lr, seed=seed), sft)
+        console.print(f"seed {seed}: warm start ({args.sft_steps} SFT steps) in {time.perf_counter() - t:.0f} s")
+        for algo in algos:
+            t = time.perf_counter()
+            shutil.rmtree(out / f"{algo}-{seed}", ignore_errors=True)
+            state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group,
+                                        model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
+                                        batch_size=args.batch_size, lr=args.lr, seed=seed), Console(quiet=True))
+            last = state.rounds[-1]
+            runs[algo].append({"seed": seed, "before": state.initial_eval, "after": last["eval_success"],
+                               "validity_before": state.initial_validity, "validity_after": last["eval_validity"],
+                               "curve": [r["eval_success"] for r in state.rounds],
+                               "train": [r["train_success"] for r in state.rounds],
+                               "seconds": time.perf_counter() - t})
+            console.print(f"seed {seed} {algo}: held-out {state.initial_eval:.3f} → {last['eval_success']:.3f} "
+                          f"({time.perf_counter() - t:.0f} s)")
+    (out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs},
+                                                 indent=2))
+    n_eval = 64
+    table = Table(title=f"{harness}: held-out success and tool-call validity (greedy, {n_eval} tasks × {len(seeds)} "
+                        f"seeds; mean [95% interval]); {args.rounds} rounds, group {args.group}, "
+                        f"{args.steps}×{args.batch_size} samples/round, lr {args.lr}")
+    for col in ("algo", "success before", "success after", "validity before", "validity after",
+                "held-out per round", "s per run"):
         table.add_column(col)
-    for algo, before, curve, train_curve, secs in rows:
-        after = curve[-1]
-        table.add_row(algo, f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}",
-                      " ".join(f"{c:.2f}" for c in curve), " ".join(f"{c:.2f}" for c in train_curve), f"{secs:.0f}")
+    summary = {}
+    for algo, rs in runs.items():
+        cells = {k: _pooled([r[k] for r in rs], n_eval) for k in ("before", "after", "validity_before", "validity_after")}
+        summary[algo] = cells
+        curve = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(args.rounds)]
+        table.add_row(algo, *(f"{m:.3f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cells.values()),
+                      " ".join(f"{c:.2f}" for c in curve), f"{sum(r['seconds'] for r in rs) / len(rs):.0f}")
     console.print(table)
+    for algo, c in summary.items():
+        (_, blo, bhi), (_, alo, ahi) = c["before"], c["after"]
+        verdict = "above the warm start (intervals do not overlap)" if alo > bhi else (
+            "below the warm start (intervals do not overlap)" if ahi < blo else "not separated from the warm start")
+        console.print(f"{algo}: {verdict}")
+    _plot(summary, out / "learning.png", harness)
+    console.print(f"total {time.perf_counter() - t_all:.0f} s; results in {out}/results.json, plot {out}/learning.png")
+
+
+def _warm_start(where: Path, cfg, sft) -> Path:
+    """The SFT warm start, reused from an earlier run in the same --out with the same settings
+    (SFT is deterministic given them)."""
+    key = json.dumps({"model": cfg.model, "steps": cfg.steps, "lr": cfg.lr, "seed": cfg.seed,
+                      "tasks": Path(cfg.tasks).read_text()}, sort_keys=True)
+    marker = where / "warm-start.json"
+    if marker.is_file() and marker.read_text() == key:
+        return Path(marker.with_name("model").read_text())
+    shutil.rmtree(where, ignore_errors=True)
+    cfg.out = str(where)
+    model = sft(cfg)
+    marker.with_name("model").write_text(str(model))
+    marker.write_text(key)
+    return Path(model)
+
+
+def _plot(summary: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, (name, keys) in zip(axes, (("held-out success", ("before", "after")),
+                                       ("tool-call validity", ("validity_before", "validity_after")))):
+        for j, key in enumerate(keys):
+            xs = [i + (j - 0.5) * 0.35 for i in range(len(summary))]
+            ms = [summary[a][key][0] for a in summary]
+            err = [[m - summary[a][key][1] for a, m in zip(summary, ms)], [summary[a][key][2] - m for a, m in zip(summary, ms)]]
+            ax.bar(xs, ms, width=0.35, yerr=err, capsize=3, label="after RL" if j else "warm start")
+        ax.set_xticks(range(len(summary)), list(summary))
+        ax.set_ylim(0, 1.05)
+        ax.set_title(name)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: mean over seeds, 95% intervals")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

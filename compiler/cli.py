@@ -51,6 +51,8 @@ def compile_cmd(
                                       "drop (left out) | mask (those turns get mask 0) | flag (kept, counted)."),
     unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
                                         "marker: args | reasoning."),
+    jobs: int = typer.Option(0, "--jobs", min=0, help="Worker processes, each compiling whole batches of groups "
+                             "(0: one per CPU; output identical to --jobs 1)."),
 ) -> None:
     """Compile recorded calls into training samples (Parquet) with rewards and advantages."""
     from rich.console import Console
@@ -74,7 +76,7 @@ def compile_cmd(
                           mask_truncated=mask_truncated, policy_action=policy_action,
                           sampling_policy=load_policy(sampling_policy) if sampling_policy else None,
                           adv_config=load_adv_config(adv_config, std=std, singleton=singleton),
-                          class_config=ClassConfig(unmarked_answer=unmarked_answer))
+                          class_config=ClassConfig(unmarked_answer=unmarked_answer), jobs=jobs)
     compiler = Compiler(db, opts)
     console = Console()
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),

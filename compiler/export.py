@@ -16,6 +16,7 @@ the outcome (`missing_outcome="skip"`, the default) or scored 0 (`"zero"`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from harnessrl.compiler import estimators
+from harnessrl.compiler import estimators, parallel
 from harnessrl.compiler.advantages import AdvantageConfig
 from harnessrl.compiler.assemble import emit, tree_stats
 from harnessrl.compiler.labels import ClassConfig
@@ -68,6 +69,7 @@ class CompileOptions:
     class_config: ClassConfig = field(default_factory=ClassConfig)
     batch_rollouts: int = 256
     flush_tokens: int = 4_000_000  # write a row group once this many tokens are pending
+    jobs: int = 0  # worker processes for batches (0: one per CPU); one batch or jobs=1: in this process
 
 
 def validate(opts: CompileOptions) -> None:
@@ -93,7 +95,7 @@ class Compiler:
         url = db_url(db)
         if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
             raise UserError(f"records DB not found: {db}")
-        self.opts = opts
+        self.db, self.opts = db, opts
         self.engine, _ = open_db(db)
         self.reader = Reader(self.engine, opts.tokenizer, opts.central_agent, opts.class_config)
         self.estimator = estimators.get(opts.advantage)
@@ -113,30 +115,35 @@ class Compiler:
         rollouts = self.reader.select_rollouts(o.rollouts, o.run, o.since)
         self.reader.load_tasks({t for _, t, _ in rollouts if t}, self.tasks)
         writer = SampleWriter(o.out / "samples.parquet", o.flush_tokens)
-        ctx = estimators.EstimatorContext(o.adv_config, o.train_agents)
+        batches = list(group_batches(rollouts, o.batch_rollouts))
+        jobs = min(o.jobs or default_jobs(), len(batches))
+        counts: Counter = Counter()
         done = 0
-        for batch in group_batches(rollouts, o.batch_rollouts):
-            works = self.reader.read_batch(batch)
-            self.scorer.score(works)
-            skip = o.missing_outcome == "skip" and self.estimator.uses_outcome
-            kept = [w for w in works if w.has_outcome or not skip]
-            self.estimator.fn(kept, ctx)
-            kept_ids = {w.id for w in kept}
-            off_policy = self._off_policy(works) if o.sampling_policy is not None else frozenset()
-            for w in works:
-                tree_stats(w)
-                if w.id in kept_ids:
-                    emit(w, writer.add, o.train_agents, o.advantage, o.mask_truncated, off_policy, o.policy_action)
-                else:
-                    w.stats["skipped_no_outcome"] += 1
-                self._count(w)
-                done += 1
+        if jobs > 1:
+            self.engine.dispose()  # no pooled connection crosses into the workers
+            outs = parallel.map_batches(self.db, o, batches, jobs)
+        else:
+            outs = (self.process_batch(b, writer.add) for b in batches)
+        for out in outs:
+            if out.table is not None:
+                writer.write(out.table)
+            self.per_rollout.update(out.per_rollout)
+            self.tasks_with_samples |= out.tasks_with_samples
+            counts.update(out.counts)
+            for call_id, reasons in out.violations.items():
+                if len(self.violations) < 100:
+                    self.violations[call_id] = reasons
+            done += len(out.per_rollout)
             if on_progress:
                 on_progress(done, len(rollouts))
         writer.close()
         write_tasks(o.out / "tasks.parquet", self.tasks, self.tasks_with_samples)
         t = self.totals
-        t.update(ctx.counts)
+        for rid_stats in self.per_rollout.values():
+            for k, v in rid_stats.items():
+                if k != "outcome":
+                    t[k] += v
+        t.update(counts)
         t["rollouts"] = len(rollouts)
         t["token_saving"] = t["tokens_recorded"] / t["tokens_emitted"] if t["tokens_emitted"] else 0.0
         t["seconds"] = time.perf_counter() - start
@@ -151,7 +158,7 @@ class Compiler:
         (o.out / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         return stats
 
-    def _off_policy(self, works: list[RolloutWork]) -> frozenset[str]:
+    def _off_policy(self, works: list[RolloutWork], out: BatchOut) -> frozenset[str]:
         """Ids of the batch's calls whose recorded parameters break the sampling policy (each
         counted in its rollout's `policy_violations`; the first reasons kept in stats.json)."""
         owner = {n.call.call_id: w for w in works for tree in w.trees for n in tree.nodes}
@@ -161,16 +168,50 @@ class Compiler:
             if reasons:
                 bad.add(call_id)
                 owner[call_id].stats["policy_violations"] += 1
-                if len(self.violations) < 100:
-                    self.violations[call_id] = reasons
+                if len(out.violations) < 100:
+                    out.violations[call_id] = reasons
         return frozenset(bad)
 
-    def _count(self, w: RolloutWork) -> None:
-        s = w.stats
-        if s["samples"] and w.task_id:
-            self.tasks_with_samples.add(w.task_id)
-        s["outcome"] = w.outcome if w.has_outcome else None
-        self.per_rollout[w.id] = dict(s)
-        for k, v in s.items():
-            if k != "outcome":
-                self.totals[k] += v
+    def process_batch(self, batch: list, add: Callable[[dict[str, Any]], int]) -> BatchOut:
+        """One batch of whole groups: read, score, advantages, samples passed to `add`. The
+        batch's tasks must be in `self.tasks` (the reward functions read their references)."""
+        o = self.opts
+        works = self.reader.read_batch(batch)
+        self.scorer.score(works)
+        skip = o.missing_outcome == "skip" and self.estimator.uses_outcome
+        kept = [w for w in works if w.has_outcome or not skip]
+        ctx = estimators.EstimatorContext(o.adv_config, o.train_agents)
+        self.estimator.fn(kept, ctx)
+        kept_ids = {w.id for w in kept}
+        out = BatchOut(counts=ctx.counts)
+        off_policy = self._off_policy(works, out) if o.sampling_policy is not None else frozenset()
+        for w in works:
+            tree_stats(w)
+            if w.id in kept_ids:
+                emit(w, add, o.train_agents, o.advantage, o.mask_truncated, off_policy, o.policy_action)
+            else:
+                w.stats["skipped_no_outcome"] += 1
+            s = w.stats
+            if s["samples"] and w.task_id:
+                out.tasks_with_samples.add(w.task_id)
+            s["outcome"] = w.outcome if w.has_outcome else None
+            out.per_rollout[w.id] = dict(s)
+        return out
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass
+class BatchOut:
+    """What one batch adds to the compile: its samples as one Arrow table (from a worker process;
+    None when written as they came), per-rollout stats, tasks with samples, estimator counts,
+    and the reasons of its first off-policy calls."""
+
+    table: Any = None
+    per_rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks_with_samples: set[str] = field(default_factory=set)
+    counts: Counter = field(default_factory=Counter)
+    violations: dict[str, list[str]] = field(default_factory=dict)

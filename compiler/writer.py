@@ -54,36 +54,40 @@ class SampleWriter:
         return n
 
     def flush(self) -> None:
-        if not self.rows:
-            return
-        rows = self.rows
-        lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int32)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        if self.rows:
+            rows, self.rows, self.pending = self.rows, [], 0
+            self.writer.write_table(rows_table(rows))
 
-        def lst(name: str, typ: pa.DataType) -> pa.Array:
-            flat = np.concatenate([r[name] for r in rows])
-            return pa.ListArray.from_arrays(offsets, pa.array(flat, type=typ))
-
-        blp_vals = np.concatenate([r["behaviour_logprob"][0] for r in rows])
-        blp_valid = np.concatenate([r["behaviour_logprob"][1] for r in rows])
-        blp = pa.ListArray.from_arrays(offsets, pa.array(blp_vals, type=pa.float32(), mask=~blp_valid))
-        columns = {
-            "input_ids": lst("input_ids", pa.int32()),
-            "loss_mask": lst("loss_mask", pa.int8()),
-            "token_class": lst("token_class", pa.int8()),
-            "advantage": lst("advantage", pa.float32()),
-            "behaviour_logprob": blp,
-            "turn_index": lst("turn_index", pa.int16()),
-        }
-        arrays = []
-        for f in SAMPLE_SCHEMA:
-            if f.name in columns:
-                arrays.append(columns[f.name])
-            else:
-                arrays.append(pa.array([r[f.name] for r in rows], type=f.type))
-        self.writer.write_table(pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA))
-        self.rows, self.pending = [], 0
+    def write(self, table: pa.Table) -> None:
+        """Write a table of samples built elsewhere (`rows_table`), after the pending ones."""
+        self.flush()
+        self.writer.write_table(table)
 
     def close(self) -> None:
         self.flush()
         self.writer.close()
+
+
+def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Samples → one Arrow table of `SAMPLE_SCHEMA`, from flat numpy arrays."""
+    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+    def lst(name: str, typ: pa.DataType) -> pa.Array:
+        flat = np.concatenate([r[name] for r in rows])
+        return pa.ListArray.from_arrays(offsets, pa.array(flat, type=typ))
+
+    blp_vals = np.concatenate([r["behaviour_logprob"][0] for r in rows])
+    blp_valid = np.concatenate([r["behaviour_logprob"][1] for r in rows])
+    blp = pa.ListArray.from_arrays(offsets, pa.array(blp_vals, type=pa.float32(), mask=~blp_valid))
+    columns = {
+        "input_ids": lst("input_ids", pa.int32()),
+        "loss_mask": lst("loss_mask", pa.int8()),
+        "token_class": lst("token_class", pa.int8()),
+        "advantage": lst("advantage", pa.float32()),
+        "behaviour_logprob": blp,
+        "turn_index": lst("turn_index", pa.int16()),
+    }
+    arrays = [columns[f.name] if f.name in columns else pa.array([r[f.name] for r in rows], type=f.type)
+              for f in SAMPLE_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)

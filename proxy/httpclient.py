@@ -241,11 +241,24 @@ class Pool:
         async def chunks() -> AsyncIterator[bytes]:
             assert conn._chunks is not None
             finished = False
+            queue = conn._chunks
             try:
-                while True:
-                    chunk = await conn._chunks.get()
+                ended = False
+                while not ended:
+                    chunk = await queue.get()
                     if chunk is None:
                         break
+                    if not queue.empty():
+                        # what arrived together goes on together: one parse and one write downstream
+                        # per wake-up, not per chunk (under load the upstream runs ahead of the proxy)
+                        parts = [chunk]
+                        while not queue.empty():
+                            more = queue.get_nowait()
+                            if more is None:
+                                ended = True
+                                break
+                            parts.append(more)
+                        chunk = b"".join(parts)
                     yield chunk
                 if conn._done.done() and conn._done.exception() is not None:
                     raise conn._done.exception()  # type: ignore[misc]

@@ -2,7 +2,8 @@
 
 A call's response is released only after its row is committed. To make that cheap under
 load, one writer thread owns a DB connection and commits whatever has queued up while the
-previous commit ran, in one transaction (group commit); each request awaits its batch.
+previous commit ran, in one transaction (group commit; while calls arrive concurrently it waits
+up to `window_s` for more); each request awaits its batch.
 
 `seq` is allocated in the same transaction from the rollout row (`callrows`): the row lock
 (PostgreSQL) or the write lock (SQLite) makes this safe with several proxy processes on one DB,
@@ -48,6 +49,12 @@ _UNRECORDED = "the records database refused it (the proxy log has the reason for
 _UNAVAILABLE = "the records database is unavailable; retry the call"
 _LOCKED = "the rollout's database row is locked by another session; retry the call"
 _BUSY_POLL = 0.02  # how soon a call whose rollout row is locked is tried again
+# Group commit window: while calls arrive concurrently (the last batch had several), the writer
+# waits this long for more before committing. Each commit has a fixed cost (the rollout row,
+# the WAL frames of every index page it touches) that a larger batch shares; a lone caller
+# (last batch of one) never waits. Under load the proxy is CPU-bound, so the CPU saved is
+# throughput gained, and latency (clients / throughput) does not grow.
+_WINDOW = 0.001
 
 
 class Recorder:
@@ -61,9 +68,11 @@ class Recorder:
     way are kept (up to `backlog`) and written as failed calls once the DB is back."""
 
     def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, backlog: int = 10_000,
-                 busy_s: float = 5.0, metrics: Any = None) -> None:
+                 busy_s: float = 5.0, metrics: Any = None, window_s: float = _WINDOW) -> None:
         self._engine = engine
         self._max_batch = max_batch
+        self._window_s = window_s
+        self._last_batch = 0
         self._retry_s = retry_s
         self._busy_s = busy_s
         self._metrics = metrics  # `metrics.RecorderMetrics`-like: commit latency, DB errors (or None)
@@ -135,7 +144,8 @@ class Recorder:
 
     def _take(self) -> tuple[list[tuple], list[float | None], bool]:
         """The next batch: calls waiting on a locked rollout row, then what has queued up (a short
-        wait when some are waiting, so they are retried soon); and whether close() was called."""
+        wait when some are waiting, so they are retried soon; up to the window for more when the
+        last batch had several); and whether close() was called."""
         waiting, self._waiting = self._waiting, []
         batch = [w[0] for w in waiting]
         since: list[float | None] = [w[1] for w in waiting]
@@ -143,16 +153,29 @@ class Recorder:
             item = self._queue.get(timeout=_BUSY_POLL) if batch else self._queue.get()
         except queue.Empty:
             return batch, since, False
+        deadline = None
         while item is not None:
             batch.append(item)
             since.append(None)
             if len(batch) >= self._max_batch:
-                return batch, since, False
+                break
             try:
                 item = self._queue.get_nowait()
+                continue
             except queue.Empty:
-                return batch, since, False
-        return batch, since, True
+                pass
+            if self._last_batch < 2 or self._window_s <= 0:
+                break
+            deadline = deadline or time.monotonic() + self._window_s
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                item = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+        self._last_batch = len(batch)
+        return batch, since, item is None
 
     def _answer(self, batch: list[tuple], since: list[float | None], outcomes: list, stopping: bool) -> None:
         now = time.monotonic()

@@ -60,6 +60,8 @@ class PassThroughRoute:
                     try:
                         delta = asm.feed(orjson.loads(payload))
                     except Exception as exc:  # noqa: BLE001
+                        if batch:  # what came before the bad chunk still goes out first
+                            yield batch
                         raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
                     if delta is not None:
                         batch.append(delta)

@@ -41,6 +41,34 @@ def test_private_members_match_installed_trl(tmp_path, tiny_model_dir):
     assert logps.shape == entropy.shape == batch["completion_ids"].shape
 
 
+def test_scoring_only_kept_positions_changes_no_value(tmp_path, tiny_model_dir):
+    """`per_token_logps` scores only the completion positions on CPU (TRL's Triton-device path);
+    log-probs, entropies and gradients equal TRL's every-position path on the same rows."""
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, tiny_samples(tmp_path, tiny_model_dir))
+    batch = tr.fixed_batch()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    keep = batch["completion_ids"].size(1)
+    assert batch["prompt_mask"].sum() > 0  # prompt positions to skip
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+
+    def run(fn):
+        tr.model.zero_grad(set_to_none=True)
+        logps, entropy = fn()
+        (logps * batch["completion_mask"]).sum().backward()
+        return logps.detach(), entropy.detach(), [p.grad.clone() for p in params]
+
+    every = run(lambda: GRPOTrainer._get_per_token_logps_and_entropies(tr, tr.model, ids, attn, keep,
+                                                                       compute_entropy=True)[:2])
+    kept = run(lambda: trl_private.per_token_logps(tr, tr.model, ids, attn, keep, compute_entropy=True))
+    m = batch["completion_mask"].bool()
+    torch.testing.assert_close(kept[0][m], every[0][m])
+    torch.testing.assert_close(kept[1][m], every[1][m])
+    assert bool((kept[0][~m] == 0).all())
+    for a, b in zip(kept[2], every[2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_drift_names_member_and_version():
     class OlderTrl(GRPOTrainer):  # a TRL whose _compute_loss lost `inputs` and whose flag flipped
         loss_is_scaled_for_ga = False

@@ -14,6 +14,7 @@ so per-row tensors computed there travel with their rows and 0-dim tensors are c
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -64,6 +65,10 @@ def drift(trainer: Any = None, base: type | None = None) -> list[str]:
         missing = [p for p in params if p not in have]
         if missing:
             problems.append(f"{_where(name)} has no parameter(s) {', '.join(missing)}")
+    import trl.trainer.utils as fused
+
+    if not callable(getattr(fused, "_use_triton", None)):
+        problems.append(f"trl {trl_version()}: trl.trainer.utils._use_triton (the fused head's compact switch) no longer exists")
     for name, value in CLASS_FLAGS.items():
         if getattr(GRPOTrainer, name, None) != value:
             problems.append(f"{_where(name)} is {getattr(GRPOTrainer, name, None)!r}, expected {value!r}")
@@ -72,10 +77,28 @@ def drift(trainer: Any = None, base: type | None = None) -> list[str]:
     return problems
 
 
+@contextmanager
+def _score_only_kept():
+    """TRL's fused head scores only the positions whose label counts (the last `logits_to_keep`,
+    not padding) on Triton devices, and every position elsewhere (fixed tile shapes for compilers).
+    On CPU the shapes need not be fixed, and scoring the prompt too is most of a step's head cost:
+    take the Triton devices' path. Same kernel, same values, only on fewer rows."""
+    import trl.trainer.utils as fused
+
+    choose = fused._use_triton
+    fused._use_triton = lambda device: device.type == "cpu" or choose(device)
+    try:
+        yield
+    finally:
+        fused._use_triton = choose
+
+
 def per_token_logps(trainer, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     compute_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs, entropies or None) of the last `logits_to_keep` tokens, through TRL's fused head."""
-    out = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, compute_entropy=compute_entropy)
+    with _score_only_kept():
+        out = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                         compute_entropy=compute_entropy)
     if not (isinstance(out, tuple) and len(out) == 3):
         raise RuntimeError(f"{_where('_get_per_token_logps_and_entropies')} returned {type(out).__name__} of "
                            f"{len(out) if isinstance(out, tuple) else 1} value(s), expected (logps, entropies, aux_loss); "

@@ -71,6 +71,34 @@ def _lookup(src: TaskSource) -> HarnessTasks:
     return HarnessTasks(train, held, run, lambda t: t.id, lookup_tasks.write(all_tasks, src.out / "tasks.jsonl"))
 
 
+def _toolbox(delegate: bool) -> Callable[[TaskSource], HarnessTasks]:
+    """64 training and 64 held-out toolbox tasks of the seed's world (`--eval-fraction` and
+    `--n-tasks` do not apply: the split is by construction; `--tasks` reads a written file).
+    Training rounds draw a fresh world per round (`tasks.training_world`)."""
+    def load(src: TaskSource) -> HarnessTasks:
+        from harnessrl.harness_examples.toolbox import harness as toolbox
+        from harnessrl.harness_examples.toolbox import tasks as toolbox_tasks
+
+        if src.tasks:
+            all_tasks = toolbox_tasks.read(src.tasks)
+            train, held = split_tasks(all_tasks, src.eval_fraction)
+        else:
+            train, held = toolbox_tasks.generate(src.seed, delegate)
+        held_out = toolbox_tasks.world(src.seed)
+        eval_ids = {t.id for t in held}
+
+        def run(url, task, group_id, run_tag, temperature):
+            # training rounds see a fresh world each; evaluation (and held-out tasks) the seed's
+            table = held_out if task.id in eval_ids or run_tag.startswith("eval") else \
+                toolbox_tasks.training_world(src.seed, run_tag)
+            return toolbox.run_rollout(url, table, task, toolbox.ToolboxConfig(temperature=temperature),
+                                       group_id=group_id, run=run_tag)
+
+        return HarnessTasks(train, held, run, lambda t: t.id, toolbox_tasks.write(train + held, src.out / "tasks.jsonl"))
+
+    return load
+
+
 def _search(name: str) -> Callable[[TaskSource], HarnessTasks]:
     """A harness over the fictional-world (or a real) search corpus."""
     def load(src: TaskSource) -> HarnessTasks:
@@ -113,6 +141,9 @@ def _bfcl(src: TaskSource) -> HarnessTasks:
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (
     Harness("lookup", "look a key up with a tool, answer its value (the demo's task family)", _lookup),
+    Harness("toolbox", "pick one of four attribute tools and fill its argument (the learning benchmark)",
+            _toolbox(False)),
+    Harness("toolbox_delegate", "toolbox behind a planner that must ask a worker (MATPO-style)", _toolbox(True)),
     Harness("react", "ReAct loop with search and calculator tools", _search("react")),
     Harness("planner_worker", "planner dispatching search workers (MATPO-style)",
             _search("planner_worker")),

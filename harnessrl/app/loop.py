@@ -92,6 +92,7 @@ class RoundRow:
     seconds: float
     version: str
     checkpoint: str
+    eval_validity: float = 0.0  # tool-call validity on the held-out tasks
 
 
 @dataclass
@@ -100,6 +101,7 @@ class LoopState:
     attempts: int = 0
     initial_eval: float | None = None
     teacher: dict[str, Any] | None = None  # the finished warm-up round: run tag, traces, checkpoint
+    initial_validity: float | None = None  # held-out tool-call validity at the start
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -167,7 +169,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             (h.around(proxy.url) if h.around else nullcontext()):
         if state.initial_eval is None:
             results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
-            state.initial_eval = _summary(results)[1]
+            _, state.initial_eval, state.initial_validity = _summary(results)
             state.save(state_path)
         for r in range(len(state.rounds), cfg.rounds):
             started = time.perf_counter()
@@ -192,9 +194,10 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             version = push(proxy.url, result.checkpoint, result.version)
             held = _rollouts(h, proxy.url, h.eval, 1, f"eval-{r}-a{state.attempts}", 0.0, cfg.concurrency,
                              f"round {r} eval")
-            row = RoundRow(r, reward, success, validity, _summary(held)[1], int(totals.get("tokens_recorded", 0)),
+            _, held_success, held_validity = _summary(held)
+            row = RoundRow(r, reward, success, validity, held_success, int(totals.get("tokens_recorded", 0)),
                            int(totals.get("samples", 0)), time.perf_counter() - started, version,
-                           str(result.checkpoint))
+                           str(result.checkpoint), held_validity)
             state.rounds.append(asdict(row))
             state.model = str(result.checkpoint)
             state.save(state_path)

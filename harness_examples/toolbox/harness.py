@@ -1,0 +1,65 @@
+"""The toolbox harness: one agent with the four attribute tools, or (delegated tasks) a planner
+whose `ask_worker` tool runs a worker agent — a session of its own, naming the planner call
+that dispatched it — with those tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harnessrl.client import HarnessRL
+from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client, make_client, tool_loop
+from harnessrl.harness_examples.toolbox.tasks import ASK_WORKER, ATTRIBUTES, TOOLS, ToolboxTask
+from harnessrl.metrics import exact_match
+
+
+@dataclass
+class ToolboxConfig:
+    model: str = "default"
+    max_turns: int = 3
+    max_tokens: int = 40
+    temperature: float = 1.0
+
+
+def _tools(table: dict[tuple[str, str], str]) -> dict:
+    def getter(attribute: str):
+        def get(item: str) -> str:
+            if (item, attribute) not in table:
+                raise ValueError(f"no item {item!r}")
+            return table[(item, attribute)]
+        return get
+
+    return {f"get_{a}": getter(a) for a in ATTRIBUTES}
+
+
+def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: ToolboxTask,
+                cfg: ToolboxConfig | None = None, *, group_id: str | None = None,
+                run: str | None = None) -> RolloutResult:
+    cfg = cfg or ToolboxConfig()
+    loop = dict(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, temperature=cfg.temperature)
+    with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
+            task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "toolbox"}) as ro:
+        counts = {"tool_calls": 0, "tool_errors": 0, "worker_calls": 0}
+        if not task.delegate:
+            with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
+                answer, error, c = tool_loop(client, cfg.model, task.messages(), TOOLS, _tools(table), **loop)
+            counts.update(c)
+        else:
+            def ask_worker(question: str) -> str:
+                counts["worker_calls"] += 1
+                messages = [task.worker_messages()[0], {"role": "user", "content": question}]
+                with make_client(ro.base_url("worker"), f"hrl-{ro.id}-worker",
+                                 {"X-HarnessRL-Session": f"worker-{counts['worker_calls']}"}) as worker:
+                    reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table), **loop)
+                counts["tool_calls"] += c["tool_calls"]
+                counts["tool_errors"] += c["tool_errors"]
+                return reply or "the worker found no answer"
+
+            with make_client(ro.base_url("planner"), f"hrl-{ro.id}-planner", {"X-HarnessRL-Session": "planner"}) as client:
+                answer, error, c = tool_loop(client, cfg.model, task.messages(), [ASK_WORKER],
+                                             {"ask_worker": ask_worker}, **loop)
+            counts["tool_calls"] += c["tool_calls"]
+            counts["tool_errors"] += c["tool_errors"]
+            counts["model_calls"] = c["model_calls"]
+        em = exact_match(answer, [table[(task.item, task.attribute)]])
+        ro.reward(em)
+        return RolloutResult(ro.id, task.id, em, answer, {"em": em, "success": em, **counts}, error)

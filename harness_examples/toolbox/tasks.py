@@ -1,0 +1,150 @@
+"""Toolbox tasks, generated offline and deterministically from a seed.
+
+A world of items, each with four attributes (colour, size, owner, city), one tool per attribute
+(`get_color(item)`, ...). A task asks for one attribute of one item: the right tool (action) with
+the item as its argument (args), then `<answer>value</answer>`. Every item appears in training
+with two of its attributes and is held out with the other two, so held-out tasks are new
+combinations of a tool and an argument the policy has seen, never new words.
+
+`delegate=True`: the planner has only `ask_worker(question)`; a worker with the four tools
+answers it (MATPO's planner/worker split). Rows carry the planner's expert trace; `sft_rows`
+adds the worker's, for a warm start of both roles.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ATTRIBUTES = {
+    "color": "red blue green amber violet silver".split(),
+    "size": "tiny small medium large huge giant".split(),
+    "owner": "alice bob carol dave erin frank".split(),
+    "city": "paris oslo lima cairo delhi rome".split(),
+}
+ITEMS = ("river book engine ticket flight vehicle stock message file planet moon star comet piano violin "
+         "guitar drum chess tennis soccer hockey gold silver copper iron carbon oxygen helium lemon mango "
+         "cherry apple").split()
+SYSTEM = ("Answer the question with the one tool that returns the asked attribute, called with the item, "
+          "then reply with <answer>the value</answer>.")
+PLANNER_SYSTEM = ("You are the planner. Ask the worker the question with the ask_worker tool, then reply with "
+                  "<answer>the value</answer>.")
+
+
+def tool_schema(name: str, param: str, description: str) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}}}
+
+
+TOOLS = [tool_schema(f"get_{a}", "item", f"Return the {a} of an item.") for a in ATTRIBUTES]
+ASK_WORKER = tool_schema("ask_worker", "question", "Ask the worker, who has the attribute tools, a question.")
+
+
+@dataclass(frozen=True)
+class ToolboxTask:
+    id: str
+    item: str
+    attribute: str
+    value: str
+    delegate: bool = False
+
+    @property
+    def question(self) -> str:
+        return f"What is the {self.attribute} of the {self.item}?"
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": PLANNER_SYSTEM if self.delegate else SYSTEM},
+                {"role": "user", "content": self.question}]
+
+    def worker_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": self.question}]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [ASK_WORKER] if self.delegate else TOOLS
+
+    def _trace(self, name: str, args: dict[str, str]) -> list[dict[str, Any]]:
+        call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        return [{"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": self.value},
+                {"role": "assistant", "content": f"<answer>{self.value}</answer>"}]
+
+    def reference_call(self) -> tuple[str, dict[str, str]]:
+        return ("ask_worker", {"question": self.question}) if self.delegate else (f"get_{self.attribute}",
+                                                                                  {"item": self.item})
+
+    def row(self) -> dict[str, Any]:
+        name, args = self.reference_call()
+        return {"id": self.id, "input": self.messages(), "reference": self.value,
+                "reference_calls": [{"name": name, "arguments": args}], "expert_trace": self._trace(name, args),
+                "tools": self.tools, "meta": {"harness": "toolbox", "item": self.item, "attribute": self.attribute,
+                                              "delegate": self.delegate}}
+
+    def worker_row(self) -> dict[str, Any]:
+        """The worker's part of a delegated task, as a line for SFT."""
+        solo = ToolboxTask(self.id + "/worker", self.item, self.attribute, self.value)
+        return {**solo.row(), "input": self.worker_messages()}
+
+
+def training_world(seed: int, run_tag: str) -> dict[tuple[str, str], str]:
+    """The world a training run sees: a fresh one per run tag (loop round), so that RL rewards
+    calling the right tool and copying its result — remembering a value never pays twice. The
+    held-out evaluation always sees `world(seed)`."""
+    return world(10_000 * (seed + 1) + 101 + zlib.crc32(run_tag.encode()) % 1_000_000)
+
+
+def world(seed: int = 0) -> dict[tuple[str, str], str]:
+    """(item, attribute) → value."""
+    rng = random.Random(f"toolbox-world-{seed}")
+    return {(i, a): rng.choice(vals) for i in ITEMS for a, vals in ATTRIBUTES.items()}
+
+
+def generate(seed: int = 0, delegate: bool = False) -> tuple[list[ToolboxTask], list[ToolboxTask]]:
+    """(training, held-out) tasks: 64 each, every item with two attributes on each side."""
+    table = world(seed)
+    rng = random.Random(f"toolbox-split-{seed}")
+    train, held = [], []
+    for item in ITEMS:
+        attrs = list(ATTRIBUTES)
+        rng.shuffle(attrs)
+        for side, chosen in ((train, attrs[:2]), (held, attrs[2:])):
+            for a in chosen:
+                side.append(ToolboxTask(f"toolbox-{item}-{a}", item, a, table[(item, a)], delegate))
+    rng.shuffle(train)
+    rng.shuffle(held)
+    return train, held
+
+
+def sft_tasks(tasks: list[ToolboxTask], worlds: int, seed: int = 0) -> list[ToolboxTask]:
+    """The tasks, then `worlds` copies of them whose values come from other worlds: a warm start
+    that can only fit these by copying (the value from the tool's result, the item from the
+    question), not by remembering one world's table."""
+    out = list(tasks)
+    for w in range(1, worlds + 1):
+        other = world(10_000 * (seed + 1) + w)
+        out += [ToolboxTask(f"{t.id}/w{w}", t.item, t.attribute, other[(t.item, t.attribute)], t.delegate)
+                for t in tasks]
+    return out
+
+
+def write(tasks: list[ToolboxTask], path: str | Path, sft: bool = False) -> Path:
+    """Tasks JSONL (`harnessrl tasks import` format); `sft=True` adds the workers' lines of delegated tasks."""
+    path = Path(path)
+    rows = [t.row() for t in tasks] + ([t.worker_row() for t in tasks if t.delegate] if sft else [])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read(path: str | Path) -> list[ToolboxTask]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            m = r["meta"]
+            out.append(ToolboxTask(r["id"], m["item"], m["attribute"], r["reference"], bool(m.get("delegate"))))
+    return out
