@@ -4,7 +4,8 @@ with no route out (only loopback up), so nothing a client sends can leave the ma
 One session (tests/intercept_session.py, run under `unshare -rn`) drives the real clients of
 tests/intercept_clients through `harnessrl run` and `harnessrl intercept --only-llm`; the tests
 read what it recorded. mitmproxy comes from its own venv (.venv-mitm, made by scripts/install.sh,
-or $HARNESSRL_MITMDUMP); without it, or without network namespaces, they skip saying why.
+or $HARNESSRL_MITMDUMP); without it they fail (the README's install makes it); without network
+namespaces they skip saying why.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def _netns_reason() -> str | None:
 def session(tiny_model_dir, tmp_path_factory) -> dict:
     if (reason := _netns_reason()) is not None:
         pytest.skip(reason)
-    if (mitmdump := _mitmdump()) is None:
-        pytest.skip("mitmproxy not installed: run scripts/install.sh (it makes .venv-mitm) or set HARNESSRL_MITMDUMP")
+    if (mitmdump := _mitmdump()) is None:  # the README's install makes it: its absence is a failure, not a skip
+        pytest.fail("mitmproxy not installed: run scripts/install.sh (it makes .venv-mitm) or set HARNESSRL_MITMDUMP")
     out = tmp_path_factory.mktemp("intercept")
     env = {**os.environ, "HARNESSRL_MITMDUMP": mitmdump}
     proc = subprocess.run(["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable,
