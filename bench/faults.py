@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procs import free_port, stop, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MSGS = [{"role": "user", "content": "What is the capital of the river country?"}]
@@ -47,42 +49,14 @@ class Probe:
     extra: dict = field(default_factory=dict)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(url: str, proc: subprocess.Popen, path: str = "/health") -> None:
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + path, timeout=2).status_code < 500:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not start")
-
-
 def _proxy(upstream: str, db: str, *args: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "harnessrl", "proxy", "--upstream", upstream, "--db", db,
                              "--port", str(port), "--no-ui", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    _wait(url, proc)
+    wait_ready(url, proc)
     return proc, url
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _stored(db: str) -> dict[str, str]:
@@ -156,14 +130,14 @@ def fuzz(upstream: str, tmp: Path, n: int) -> Probe:
                 p.well += ok
                 p.lost += r.status_code >= 500
     finally:
-        _stop(proc)
+        stop(proc)
     return p
 
 
-async def _load(url: str, clients: int, stop, answered: list, outcomes: dict, stream_every: int = 3) -> None:
+async def _load(url: str, clients: int, finished, answered: list, outcomes: dict, stream_every: int = 3) -> None:
     async def worker(k: int, client: httpx.AsyncClient) -> None:
         j = 0
-        while not stop():
+        while not finished():
             j += 1
             stream = j % stream_every == 0
             body = {"model": "m", "messages": [{"role": "user", "content": f"w{k} {j}"}], "stream": stream}
@@ -240,7 +214,7 @@ def pg_terminate(upstream: str, pg_db: str) -> Probe:
 
         asyncio.run(run())
     finally:
-        _stop(proc)
+        stop(proc)
     stored = _stored(db)
     calls = sum(v for k, v in outcomes.items() if k not in ("slow", "cut", "hang"))
     p.tried = calls + outcomes.get("hang", 0)
@@ -258,10 +232,10 @@ def upstream_faults(upstream: str, tmp: Path) -> Probe:
     # the stand-in's fault hooks (tests/vllm_standin.py): what each breaks, streamed or not
     cases = [(upstream, "fail-500", False), (upstream, "fail-500", True), (upstream, "bad-ids", False),
              (upstream, "bad-usage", False), (upstream, "bad-chunk", True)]
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     cases += [(dead, "m", False), (dead, "m", True)]
     for target in (upstream, dead):
-        db = str(tmp / f"up-{_free_port()}.db")
+        db = str(tmp / f"up-{free_port()}.db")
         proc, url = _proxy(target, db)
         ids = []
         try:
@@ -279,7 +253,7 @@ def upstream_faults(upstream: str, tmp: Path) -> Probe:
                     shaped = _openai_error(r) if r.status_code != 200 else b'"error"' in r.content
                     ids.append((r.headers.get("x-harnessrl-call"), shaped))
         finally:
-            _stop(proc)
+            stop(proc)
         stored = _stored(db)
         for call_id, shaped in ids:
             recorded = stored.get(call_id) == "error"
@@ -303,7 +277,7 @@ def abandoned_streams(upstream: str, tmp: Path, n: int = 20) -> Probe:
             p.tried += 1
         time.sleep(2)
     finally:
-        _stop(proc)
+        stop(proc)
     stored = _stored(db)
     p.well = sum(i in stored for i in ids)
     p.lost = p.tried - p.well
@@ -339,7 +313,7 @@ def disk_full(upstream: str, tmp: Path) -> Probe:
             t_end = time.monotonic() + 5
             asyncio.run(_load(url, 8, lambda: time.monotonic() > t_end, answered, outcomes))
         finally:
-            _stop(proc)
+            stop(proc)
         os.remove(mnt / "filler")
         stored = _stored(db)
         calls = sum(v for k, v in outcomes.items() if k not in ("slow", "cut", "hang"))
@@ -381,14 +355,14 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="harnessrl-faults-"))
     build_tokenizer().save_pretrained(tmp / "tok")
-    port = _free_port()
+    port = free_port()
     standin = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                 str(tmp / "tok"), "--port", str(port)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     upstream = f"http://127.0.0.1:{port}"
     probes: list[Probe] = []
     try:
-        _wait(upstream, standin, "/v1/models")
+        wait_ready(upstream, standin, "/v1/models")
         probes.append(fuzz(upstream, tmp, args.fuzz))
         probes.append(sigkill(upstream, str(tmp / "kill.db"), "SQLite"))
         pg = _pg_schema(args.pg)

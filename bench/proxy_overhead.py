@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,29 +24,13 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procs import free_port, stop, wait_http  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "standin", "messages": [{"role": "system", "content": "You are a helpful assistant."},
                                          {"role": "user", "content": "What is the capital of the river country?"}],
         "max_tokens": 32, "temperature": 1.0}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(port: int, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{what} did not start")
 
 
 async def _load(url: str, clients: int, duration: float, stream: bool) -> tuple[list[float], int]:
@@ -129,7 +111,7 @@ def main() -> None:
     from harnessrl.tiny_model import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp / "tok")
-    up_port, px_port = _free_port(), _free_port()
+    up_port, px_port = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                  str(tmp / "tok"), "--port", str(up_port)], env=env)
@@ -138,8 +120,8 @@ def main() -> None:
                              env=env, stderr=subprocess.DEVNULL)
     console = Console(width=160)
     try:
-        _wait_http(up_port, upstream, "stand-in")
-        _wait_http(px_port, proxy, "proxy")
+        wait_http(up_port, upstream, "stand-in")
+        wait_http(px_port, proxy, "proxy")
         direct, through = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
         run_load(direct, 4, 1.0, False)  # warm caches and connections
         run_load(through, 4, 1.0, False)
@@ -170,13 +152,7 @@ def main() -> None:
         console.print(table)
         console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")
     finally:
-        for p in (proxy, upstream):
-            p.send_signal(signal.SIGINT)
-        for p in (proxy, upstream):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(proxy, upstream)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +20,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import ROOT, _free_port, _wait_http, run_load  # noqa: E402
+from procs import free_port, stop, wait_http  # noqa: E402
+from proxy_overhead import ROOT, run_load  # noqa: E402
 
 
 def _size(db: str) -> int:
@@ -55,22 +55,20 @@ def measure(db: str, tok: Path, duration: float) -> tuple[int, int, int]:
     from harnessrl.db import open_db
 
     open_db(db)[0].dispose()  # schema first, so its empty size is not counted
-    up_port, px_port = _free_port(), _free_port()
+    up_port, px_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer", str(tok),
                                  "--port", str(up_port)])
     proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
                               "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)],
                              stderr=subprocess.DEVNULL)
     try:
-        _wait_http(up_port, upstream, "stand-in")
-        _wait_http(px_port, proxy, "proxy")
+        wait_http(up_port, upstream, "stand-in")
+        wait_http(px_port, proxy, "proxy")
         before = _size(db)
         for stream in (False, True):
             run_load(f"http://127.0.0.1:{px_port}", 64, duration / 2, stream)
     finally:
-        for p in (proxy, upstream):
-            p.send_signal(signal.SIGINT)
-            p.wait(timeout=15)
+        stop(proxy, upstream)
     calls, tokens = _calls(db)
     return _size(db) - before, calls, tokens
 

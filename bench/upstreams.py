@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import BODY, ROOT, _count_calls, _cpu_s, _free_port, _pct, _wait_http  # noqa: E402
+from procs import free_port, stop, wait_http  # noqa: E402
+from proxy_overhead import BODY, ROOT, _count_calls, _cpu_s, _pct  # noqa: E402
 
 
 async def _load(url: str, clients: int, duration: float, sessions: int) -> tuple[list[float], int]:
@@ -83,7 +83,7 @@ def main() -> None:
 
     build_tokenizer().save_pretrained(tmp / "tok")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                str(tmp / "tok"), "--port", str(p)], env=env) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -91,7 +91,7 @@ def main() -> None:
     # "1 ring": the first stand-in given twice — the ring's code path with one upstream, which
     # separates the cost of routing from the cost of three stand-ins sharing this machine
     for n, ups in ((1, urls[:1]), ("1 ring", urls[:1] * 2), (3, urls)):
-        port, db = _free_port(), str(tmp / f"bench{n}.db")
+        port, db = free_port(), str(tmp / f"bench{n}.db")
         cmd = [sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy", "--db", db,
                "--port", str(port), "--no-ui"] + [a for u in ups for a in ("--upstream", u)]
         proxies[n] = (subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}", db)
@@ -99,9 +99,9 @@ def main() -> None:
     console = Console(width=140)
     try:
         for p, port in zip(procs[:3], ports):
-            _wait_http(port, p, "stand-in")
+            wait_http(port, p, "stand-in")
         for n, (p, url, _) in proxies.items():
-            _wait_http(int(url.rsplit(":", 1)[1]), p, f"proxy ({n} upstreams)")
+            wait_http(int(url.rsplit(":", 1)[1]), p, f"proxy ({n} upstreams)")
             run_load(url, 4, 1.0, args.sessions)  # warm connections and caches
         table = Table(title=f"routing cost ({args.clients} clients, {args.sessions} sessions, {os.cpu_count()} cores)")
         for col in ("upstreams", "recorded calls/s", "p50 / p99 ms", "proxy CPU µs/call", "errors"):
@@ -138,13 +138,7 @@ def main() -> None:
                       f"call latency p50 {_pct(lat, .5):.2f} ms, max {max(lat) * 1e3:.0f} ms; "
                       f"calls answered {len(lat)}, recorded {_count_calls(db) - before}, failed {result['errors']}")
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(*procs)
 
 
 if __name__ == "__main__":
