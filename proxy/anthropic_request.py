@@ -20,7 +20,7 @@ from typing import Any
 from harnessrl.proxy.errors import ProxyError, bad_request
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.surface_blocks import join_think
-from harnessrl.proxy.validate import check_chat
+from harnessrl.proxy.validate import check_chat, is_int, is_num
 
 RECORDED_HEADERS = ("anthropic-version", "anthropic-beta")
 
@@ -29,21 +29,14 @@ def _bad(path: str, message: str) -> ProxyError:
     return bad_request(f"{path}: {message}", param=path)
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 
 _CHECKS = (
     ("model", lambda v: isinstance(v, str), "must be a string"),
-    ("max_tokens", lambda v: _int(v) and v >= 1, "must be a positive integer"),
+    ("max_tokens", lambda v: is_int(v) and v >= 1, "must be a positive integer"),
     ("stream", lambda v: isinstance(v, bool), "must be a boolean"),
-    ("temperature", lambda v: _num(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
-    ("top_p", lambda v: _num(v) and 0 < v <= 1, "must be a number in (0, 1]"),
-    ("top_k", lambda v: _int(v) and v >= 0, "must be a non-negative integer"),
+    ("temperature", lambda v: is_num(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
+    ("top_p", lambda v: is_num(v) and 0 < v <= 1, "must be a number in (0, 1]"),
+    ("top_k", lambda v: is_int(v) and v >= 0, "must be a non-negative integer"),
     ("stop_sequences", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
      "must be a list of strings"),
     ("metadata", lambda v: isinstance(v, dict), "must be an object"),

@@ -18,7 +18,7 @@ from typing import Any
 from harnessrl.proxy.errors import ProxyError, bad_request
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.surface_blocks import join_think
-from harnessrl.proxy.validate import check_chat
+from harnessrl.proxy.validate import check_chat, is_int, is_num
 
 RESPONSE_PREFIX = "resp_"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -31,13 +31,6 @@ def _bad(message: str, param: str, code: str = "invalid_type") -> ProxyError:
     return bad_request(f"{param}: {message}", param=param, code=code)
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 
 _CHECKS = (
     ("model", lambda v: isinstance(v, str), "must be a string"),
@@ -45,10 +38,10 @@ _CHECKS = (
     ("stream", lambda v: isinstance(v, bool), "must be a boolean"),
     ("store", lambda v: isinstance(v, bool), "must be a boolean"),
     ("parallel_tool_calls", lambda v: isinstance(v, bool), "must be a boolean"),
-    ("max_output_tokens", lambda v: _int(v) and v >= 1, "must be a positive integer"),
-    ("temperature", lambda v: _num(v) and 0 <= v <= 2, "must be a number in [0, 2]"),
-    ("top_p", lambda v: _num(v) and 0 < v <= 1, "must be a number in (0, 1]"),
-    ("top_logprobs", lambda v: _int(v) and 0 <= v <= 20, "must be an integer in [0, 20]"),
+    ("max_output_tokens", lambda v: is_int(v) and v >= 1, "must be a positive integer"),
+    ("temperature", lambda v: is_num(v) and 0 <= v <= 2, "must be a number in [0, 2]"),
+    ("top_p", lambda v: is_num(v) and 0 < v <= 1, "must be a number in (0, 1]"),
+    ("top_logprobs", lambda v: is_int(v) and 0 <= v <= 20, "must be an integer in [0, 20]"),
     ("previous_response_id", lambda v: isinstance(v, str), "must be a string"),
     ("include", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "must be a list of strings"),
     ("metadata", lambda v: isinstance(v, dict), "must be an object"),

@@ -20,6 +20,15 @@ from harnessrl.proxy.upstream import sse_events
 from harnessrl.records import TEXT_ONLY
 
 
+def read_event(payload: bytes) -> tuple[str, dict]:
+    """(type, event) of one streamed JSON event; anything else is the upstream's malformed answer."""
+    try:
+        ev = orjson.loads(payload)
+        return ev["type"], ev
+    except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
+        raise UpstreamMalformed(f"stream event {payload[:200]!r}: {exc}") from None
+
+
 class Assembler(Protocol):
     def feed(self, payload: bytes) -> Delta | None: ...
 

@@ -20,7 +20,7 @@ import orjson
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
 from harnessrl.proxy.protocol import Delta, Result, usage
-from harnessrl.proxy.route_text import Dialect
+from harnessrl.proxy.route_text import Dialect, read_event
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
          "pause_turn": "stop", "refusal": "content_filter"}
@@ -142,14 +142,9 @@ class _Assembler:
         self.blocks: dict[int, dict] = {}
         self.partial_json: dict[int, list[str]] = {}
         self.tool_index: dict[int, int] = {}  # block index → OpenAI tool-call index
-        self.started = False
 
     def feed(self, payload: bytes) -> Delta | None:
-        try:
-            ev = orjson.loads(payload)
-            kind = ev["type"]
-        except Exception as exc:  # noqa: BLE001
-            raise UpstreamMalformed(f"stream event {payload[:200]!r}: {exc}") from None
+        kind, ev = read_event(payload)
         if kind == "error":
             err = ev.get("error") or {}
             raise ProxyError(502, f"upstream: {err.get('message')}", str(err.get("type") or "upstream_error"),

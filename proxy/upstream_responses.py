@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
 from harnessrl.proxy.protocol import Delta, Result, usage
-from harnessrl.proxy.route_text import Dialect
+from harnessrl.proxy.route_text import Dialect, read_event
 from harnessrl.proxy.upstream import upstream_error
 
 
@@ -111,11 +110,7 @@ class _Assembler:
         self.tool_index: dict[int, int] = {}  # output index → OpenAI tool-call index
 
     def feed(self, payload: bytes) -> Delta | None:
-        try:
-            ev = orjson.loads(payload)
-            kind = ev["type"]
-        except Exception as exc:  # noqa: BLE001
-            raise UpstreamMalformed(f"stream event {payload[:200]!r}: {exc}") from None
+        kind, ev = read_event(payload)
         try:
             return self._event(kind, ev)
         except (KeyError, TypeError) as exc:

@@ -35,11 +35,12 @@ def parse_json(body: bytes) -> dict:
     return req
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """An integer, not a bool (JSON true is not 1); the surfaces' checks use these too."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -67,7 +68,7 @@ def _stop(v: Any) -> bool:
 
 
 def _logit_bias(v: Any) -> bool:
-    return isinstance(v, dict) and all(k.isascii() and k.isdigit() and _is_num(b) and -100 <= b <= 100
+    return isinstance(v, dict) and all(k.isascii() and k.isdigit() and is_num(b) and -100 <= b <= 100
                                        for k, b in v.items())
 
 
@@ -75,15 +76,15 @@ def _check_common(req: dict) -> None:
     checks = (
         ("model", _model, f"a string of at most {MODEL_MAX} characters without control characters"),
         ("stream", lambda v: isinstance(v, bool), "a boolean"),
-        ("max_tokens", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-        ("max_completion_tokens", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-        ("temperature", lambda v: _is_num(v) and 0 <= v <= 2, "a number in [0, 2]"),
-        ("top_p", lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
-        ("presence_penalty", lambda v: _is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
-        ("frequency_penalty", lambda v: _is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+        ("max_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        ("max_completion_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        ("temperature", lambda v: is_num(v) and 0 <= v <= 2, "a number in [0, 2]"),
+        ("top_p", lambda v: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+        ("presence_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+        ("frequency_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
         ("logit_bias", _logit_bias, "an object mapping token ids to numbers in [-100, 100]"),
-        ("seed", _is_int, "an integer"),
-        ("n", lambda v: _is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
+        ("seed", is_int, "an integer"),
+        ("n", lambda v: is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
         ("stop", _stop, "a string or a list of at most 4 strings"),
         ("stream_options", lambda v: isinstance(v, dict) and v.get("include_usage") in (None, True, False),
          "an object (include_usage: a boolean)"),
@@ -185,16 +186,16 @@ def check_chat(req: dict) -> None:
     _opt(req, "response_format", lambda v: isinstance(v, dict) and isinstance(v.get("type"), str),
          "an object with a string 'type'")
     _opt(req, "logprobs", lambda v: isinstance(v, bool), "a boolean")
-    _opt(req, "top_logprobs", lambda v: _is_int(v) and 0 <= v <= 20, "an integer in [0, 20]")
+    _opt(req, "top_logprobs", lambda v: is_int(v) and 0 <= v <= 20, "an integer in [0, 20]")
     _check_common(req)
 
 
 def check_completion(req: dict) -> None:
     p = req.get("prompt")
     ok = isinstance(p, str) or (isinstance(p, list) and len(p) > 0 and (
-        all(_is_int(t) and 0 <= t < 2**31 for t in p) or (len(p) == 1 and isinstance(p[0], str))))
+        all(is_int(t) and 0 <= t < 2**31 for t in p) or (len(p) == 1 and isinstance(p[0], str))))
     if not ok:
         raise bad_request("'prompt' must be a string, a one-element list of strings, or a list of token ids",
                           param="prompt", code="invalid_type")
-    _opt(req, "logprobs", lambda v: _is_int(v) and 0 <= v <= 5, "an integer in [0, 5]")
+    _opt(req, "logprobs", lambda v: is_int(v) and 0 <= v <= 5, "an integer in [0, 5]")
     _check_common(req)
