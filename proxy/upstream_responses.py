@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
 from harnessrl.proxy.protocol import Delta, Result, usage
