@@ -28,9 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import free_port, stop, wait_http  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# The load the issue specifies: a ~300-word prompt, log-probs and token ids asked for (so the
+# stand-in does the same work direct as behind the proxy, which asks for them anyway).
+_WORDS = ("the river country keeps its capital where the two old roads cross the water and every "
+          "traveller who asks the way is told a different story about the bridge ").split()
 BODY = {"model": "standin", "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                         {"role": "user", "content": "What is the capital of the river country?"}],
-        "max_tokens": 32, "temperature": 1.0}
+                                         {"role": "user", "content": " ".join(_WORDS[i % len(_WORDS)] for i in range(300))
+                                          + " What is the capital of the river country?"}],
+        "max_tokens": 32, "temperature": 1.0, "logprobs": True, "return_token_ids": True}
 
 
 async def _load(url: str, clients: int, duration: float, stream: bool) -> tuple[list[float], int]:

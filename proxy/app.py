@@ -29,6 +29,7 @@ from harnessrl.db import open_db
 from harnessrl.sampling_policy import load_policy
 from harnessrl.proxy.anthropic_wire import MESSAGES
 from harnessrl.proxy.backend import TokenBackend
+from harnessrl.proxy.callrows import new_call_id
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.embeddings import EMBEDDINGS
 from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable, error_body, error_response
@@ -210,7 +211,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
                 lease = await state["upstreams"].acquire((ident.rollout, ident.agent, ident.session))
                 call.upstream = lease
                 call.notes = {**(call.notes or {}), "harnessrl_upstream": lease.url}
-            call_id = os.urandom(16).hex()
+            call_id = new_call_id()
             current_call.set(call_id)  # on every log line about this call (this request's task)
             wire = adapter.wire(call, call_id, serving.route.model_name)
             response = await serving.handle(call, ident, call_id, wire, adapter.error)

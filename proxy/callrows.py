@@ -15,6 +15,8 @@ attempted) and answered `RolloutFinished`.
 from __future__ import annotations
 
 import operator
+import os
+import time
 from dataclasses import field, fields, make_dataclass
 from typing import Any
 
@@ -38,6 +40,17 @@ class RolloutFinished(RecordError):
 
 # a call whose rollout row is locked by someone else: not written, to be retried
 BUSY = object()
+
+
+def new_call_id() -> str:
+    """A fresh call id: 32 hex digits, the clock in nanoseconds then 8 random bytes.
+
+    Time first, so a new id sorts after the ones before it and its primary-key insert lands at
+    the right edge of the B-tree: fully random ids touch a random leaf page per insert, and a
+    cold one once the index outgrows the cache (bench/record_cost.py: 0.82× the recording CPU
+    per call and 1.45× the commits/s at 120k rows). The random half keeps ids unguessable and
+    unique across proxy processes sharing one DB."""
+    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
 
 
 def _record_class() -> type:

@@ -22,7 +22,6 @@ harness never saw them, so the rollout's reward says nothing about them; compile
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from harnessrl.proxy.callrows import new_call_id
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, bad_request, error_response
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Delta, Request, Result
@@ -63,7 +63,7 @@ def sample_request(req: Request, i: int) -> Request:
 async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str, wire: Wire) -> Response:
     t0 = time.perf_counter()
     k = req.best_of
-    recs = [serving.record(req, ident, call_id if i == 0 else os.urandom(16).hex()) for i in range(k)]
+    recs = [serving.record(req, ident, call_id if i == 0 else new_call_id()) for i in range(k)]
     headers = {"x-harnessrl-call": call_id}
     try:
         turn = serving.index.find(_key(ident), req.messages, req.tools) if req.chat else None
