@@ -4,11 +4,11 @@ do the algorithms differ?
 Task family: toolbox (harness_examples/toolbox) — choose one of four attribute tools (action) and
 fill its item argument (args); 64 training and 64 held-out tasks per seed, held-out ones being
 new tool × item combinations; each training round draws a fresh world (values), so RL can only
-gain by calling the right tool with the right item and copying its result, and the evaluation
-keeps the seed's world. `--delegate`: the same behind a planner that must ask a worker.
+gain by calling the right tool with the right item (the episode ends at the first tool call that
+runs, its result being the answer), and the evaluation keeps the seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
-Per seed: one SFT warm start on the training tasks' expert traces and `--sft-worlds` copies with
-other worlds' values (the same for every algorithm; reused from an earlier run in the same --out); from it, each algorithm runs `harnessrl loop` with the same rounds, group, optimizer
+Per seed: one SFT warm start on the training tasks' expert traces (the same for every algorithm;
+reused from an earlier run in the same --out); from it, each algorithm runs `harnessrl loop` with the same rounds, group, optimizer
 steps, batch size and learning rate (the same compute); greedy evaluation on the 64 held-out
 tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled
 seed × task outcomes) of held-out success and tool-call validity, before and after; a plot.
@@ -64,7 +64,6 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--sft-steps", type=int, default=800)
     ap.add_argument("--sft-lr", type=float, default=2e-3)
-    ap.add_argument("--sft-worlds", type=int, default=8, help="copies of the SFT traces with other worlds' values")
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per round")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -86,7 +85,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {a: [] for a in algos}
     for seed in seeds:
         train, _ = toolbox.generate(seed, args.delegate)
-        train_file = toolbox.write(toolbox.sft_tasks(train, args.sft_worlds, seed), out / f"sft-{seed}.jsonl", sft=True)
+        train_file = toolbox.write(train, out / f"sft-{seed}.jsonl", sft=True)
         t = time.perf_counter()
         warm = _warm_start(out / f"warm-{seed}", SftConfig(tasks=str(train_file), model=base, out="",
                                                           steps=args.sft_steps, lr=args.sft_lr, seed=seed), sft)
