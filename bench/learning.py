@@ -2,24 +2,32 @@
 do the algorithms differ?
 
 Task family: toolbox (harness_examples/toolbox) — choose one of four attribute tools (action) and
-fill its item argument (args); 64 training and 64 held-out tasks per seed, held-out ones being
-new tool × item combinations; each training round draws a fresh world (values), so RL can only
-gain by calling the right tool with the right item and copying its result, and the evaluation
-keeps the seed's world. `--delegate`: the same behind a planner that must ask a worker.
+fill its item argument (args); the episode ends at the first tool call that runs, its result
+being the answer, so success is exactly the right tool with the right item. 64 training and 64
+held-out tasks per seed, held-out ones being new tool × item combinations; each training round
+draws a fresh world (values), so a remembered value never pays, and the evaluation keeps the
+seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
-Per seed: one SFT warm start on the training tasks' expert traces and `--sft-worlds` copies with
-other worlds' values (the same for every algorithm; reused from an earlier run in the same --out); from it, each algorithm runs `harnessrl loop` with the same rounds, group, optimizer
-steps, batch size and learning rate (the same compute); greedy evaluation on the 64 held-out
-tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled
-seed × task outcomes) of held-out success and tool-call validity, before and after; a plot.
+Per seed: one SFT warm start on the training tasks' expert traces (the same for every algorithm;
+reused from an earlier run in the same --out); from it, each algorithm runs `harnessrl loop`
+with the same rounds, group, sampling temperature, optimizer steps, batch size and learning rate
+(the same compute); greedy evaluation on the 64 held-out tasks before and after. Reported: mean
+over seeds with a 95% interval (Wilson, over the pooled seed × task outcomes) of held-out success
+and tool-call validity, before and after; verdicts of each algorithm against the warm start and
+of each pair of algorithms (apart only when the intervals do not overlap); a plot. Everything
+reported is read back from --out/results.json, so `--report-only` renders it again without
+training.
 
-    python bench/learning.py                                   # full: 3 seeds × 4 algorithms
-    python bench/learning.py --seeds 0 --algos grpo --rounds 2 # reduced
+    python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 2 rounds
+    python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
+    python bench/learning.py --report-only --out DIR           # table, verdicts, plot from DIR/results.json
 
-Time on this 2-core machine (shared): building the 128-wide, 4-layer tiny model ~45 s; its
-800-step warm start ~4 min per seed; one algorithm's 3 rounds (256 rollouts, 8 × 32-sample
-steps, 64 greedy held-out rollouts per round) ~4–6 min. Full: ~12 + 12 × 5 ≈ 70 min; reduced
-(one seed, grpo, 2 rounds) ~8 min with the warm start, ~4 min reusing it.
+Time on this 2-core machine (shared; measured in one reduced run, `--seeds 0 --algos grpo
+--rounds 1 --sft-steps 100`, 319 s in all, under a load of ~3): building the 128-wide, 4-layer
+tiny model 117 s (~45 s on quiet cores); SFT ~1 s a step under that load (the default 800 steps:
+~4 min on quiet cores, up to ~13 min loaded) per seed; the initial greedy evaluation ~16 s; one
+round (256 rollouts, 8 × 32-sample steps, 64 greedy held-out rollouts) ~90 s. Full, estimated
+from these: 3 warm starts (4–13 min each) + 12 runs × 2 rounds (1.5–3 min each) ≈ 50–110 min.
 """
 
 from __future__ import annotations
@@ -51,25 +59,58 @@ def _pooled(values: list[float], n_each: int) -> tuple[float, float, float]:
     return mean, lo, hi
 
 
+def compare(a: tuple[float, float, float], b: tuple[float, float, float]) -> str:
+    """Whether a is "above" or "below" b, given (mean, lo, hi) with 95% intervals: only when the
+    intervals do not overlap, else "not separated" — with a few seeds the means alone would
+    read noise as a difference."""
+    if a[1] > b[2]:
+        return "above"
+    if a[2] < b[1]:
+        return "below"
+    return "not separated"
+
+
+def verdicts(summary: dict[str, dict[str, tuple[float, float, float]]]) -> list[str]:
+    """Held-out success after RL: each algorithm against its warm start, then each pair of algorithms."""
+    lines = []
+    for algo, c in summary.items():
+        v = compare(c["after"], c["before"])
+        lines.append(f"{algo}: " + ("not separated from" if v == "not separated" else v) + " the warm start")
+    algos = list(summary)
+    for i, x in enumerate(algos):
+        for y in algos[i + 1:]:
+            v = compare(summary[x]["after"], summary[y]["after"])
+            lines.append(f"{x} vs {y}: " + ("not separated" if v == "not separated" else f"{x} {v} {y}"))
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench-out/learning"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="re-render the table, verdicts and plot from --out/results.json without training")
     ap.add_argument("--algos", default="grpo,capo,matpo,pact")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--delegate", action="store_true", help="planner → worker variant of the task family")
     ap.add_argument("--model", default=None, help="base model directory (default: build the tiny model)")
     ap.add_argument("--hidden", type=int, default=128, help="tiny model width when building it")
     ap.add_argument("--layers", type=int, default=4, help="tiny model depth when building it")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the training rollouts")
     ap.add_argument("--sft-steps", type=int, default=800)
     ap.add_argument("--sft-lr", type=float, default=2e-3)
-    ap.add_argument("--sft-worlds", type=int, default=8, help="copies of the SFT traces with other worlds' values")
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per round")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=1e-4)
     args = ap.parse_args()
+    if not args.report_only:
+        _train(args)
+    report(args.out, Console())
 
+
+def _train(args: argparse.Namespace) -> None:
+    """Warm starts and loops; writes --out/results.json."""
     from harnessrl.app.loop import LoopConfig, run_loop
     from harnessrl.harness_examples.toolbox import tasks as toolbox
     from harnessrl.tiny_model import build_tiny_model
@@ -84,9 +125,11 @@ def main() -> None:
     harness = "toolbox_delegate" if args.delegate else "toolbox"
     algos, seeds = args.algos.split(","), [int(s) for s in args.seeds.split(",")]
     runs: dict[str, list[dict]] = {a: [] for a in algos}
+    n_eval = 0
     for seed in seeds:
-        train, _ = toolbox.generate(seed, args.delegate)
-        train_file = toolbox.write(toolbox.sft_tasks(train, args.sft_worlds, seed), out / f"sft-{seed}.jsonl", sft=True)
+        train, held = toolbox.generate(seed, args.delegate)
+        n_eval = len(held)
+        train_file = toolbox.write(train, out / f"sft-{seed}.jsonl", sft=True)
         t = time.perf_counter()
         warm = _warm_start(out / f"warm-{seed}", SftConfig(tasks=str(train_file), model=base, out="",
                                                           steps=args.sft_steps, lr=args.sft_lr, seed=seed), sft)
@@ -96,7 +139,8 @@ def main() -> None:
             shutil.rmtree(out / f"{algo}-{seed}", ignore_errors=True)
             state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group,
                                         model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
-                                        batch_size=args.batch_size, lr=args.lr, seed=seed), Console(quiet=True))
+                                        batch_size=args.batch_size, lr=args.lr, temperature=args.temperature,
+                                        seed=seed), Console(quiet=True))
             last = state.rounds[-1]
             runs[algo].append({"seed": seed, "before": state.initial_eval, "after": last["eval_success"],
                                "validity_before": state.initial_validity, "validity_after": last["eval_validity"],
@@ -105,12 +149,20 @@ def main() -> None:
                                "seconds": time.perf_counter() - t})
             console.print(f"seed {seed} {algo}: held-out {state.initial_eval:.3f} → {last['eval_success']:.3f} "
                           f"({time.perf_counter() - t:.0f} s)")
-    (out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs},
-                                                 indent=2))
-    n_eval = 64
-    table = Table(title=f"{harness}: held-out success and tool-call validity (greedy, {n_eval} tasks × {len(seeds)} "
-                        f"seeds; mean [95% interval]); {args.rounds} rounds, group {args.group}, "
-                        f"{args.steps}×{args.batch_size} samples/round, lr {args.lr}")
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "report_only"}
+    (out / "results.json").write_text(json.dumps({"args": settings, "harness": harness, "n_eval": n_eval,
+                                                  "runs": runs}, indent=2))
+    console.print(f"trained in {time.perf_counter() - t_all:.0f} s")
+
+
+def report(out: Path, console: Console) -> None:
+    """Table, verdicts and plot from --out/results.json (what a training run wrote)."""
+    results = json.loads((out / "results.json").read_text())
+    a, runs, n_eval = results["args"], results["runs"], results["n_eval"]
+    seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    table = Table(title=f"{results['harness']}: held-out success and tool-call validity (greedy, {n_eval} tasks × "
+                        f"{len(seeds)} seeds; mean [95% interval]); {a['rounds']} rounds, group {a['group']}, "
+                        f"temperature {a['temperature']}, {a['steps']}×{a['batch_size']} samples/round, lr {a['lr']}")
     for col in ("algo", "success before", "success after", "validity before", "validity after",
                 "held-out per round", "s per run"):
         table.add_column(col)
@@ -118,17 +170,15 @@ def main() -> None:
     for algo, rs in runs.items():
         cells = {k: _pooled([r[k] for r in rs], n_eval) for k in ("before", "after", "validity_before", "validity_after")}
         summary[algo] = cells
-        curve = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(args.rounds)]
+        curve = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(a["rounds"])]
         table.add_row(algo, *(f"{m:.3f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cells.values()),
                       " ".join(f"{c:.2f}" for c in curve), f"{sum(r['seconds'] for r in rs) / len(rs):.0f}")
     console.print(table)
-    for algo, c in summary.items():
-        (_, blo, bhi), (_, alo, ahi) = c["before"], c["after"]
-        verdict = "above the warm start (intervals do not overlap)" if alo > bhi else (
-            "below the warm start (intervals do not overlap)" if ahi < blo else "not separated from the warm start")
-        console.print(f"{algo}: {verdict}")
-    _plot(summary, out / "learning.png", harness)
-    console.print(f"total {time.perf_counter() - t_all:.0f} s; results in {out}/results.json, plot {out}/learning.png")
+    console.print("held-out success after RL (different when the 95% intervals do not overlap):")
+    for line in verdicts(summary):
+        console.print(f"  {line}")
+    _plot(summary, out / "learning.png", results["harness"])
+    console.print(f"results in {out}/results.json, plot {out}/learning.png")
 
 
 def _warm_start(where: Path, cfg, sft) -> Path:
@@ -159,7 +209,10 @@ def _plot(summary: dict, path: Path, title: str) -> None:
         for j, key in enumerate(keys):
             xs = [i + (j - 0.5) * 0.35 for i in range(len(summary))]
             ms = [summary[a][key][0] for a in summary]
-            err = [[m - summary[a][key][1] for a, m in zip(summary, ms)], [summary[a][key][2] - m for a, m in zip(summary, ms)]]
+            # interval ends as distances from the mean; max(0, ·): at a mean of 0 or 1 rounding can
+            # put the end a hair inside the mean, and matplotlib refuses negative error bars
+            err = [[max(0.0, m - summary[a][key][1]) for a, m in zip(summary, ms)],
+                   [max(0.0, summary[a][key][2] - m) for a, m in zip(summary, ms)]]
             ax.bar(xs, ms, width=0.35, yerr=err, capsize=3, label="after RL" if j else "warm start")
         ax.set_xticks(range(len(summary)), list(summary))
         ax.set_ylim(0, 1.05)

@@ -135,10 +135,14 @@ def resolve_model(client: openai.OpenAI, model: str | None) -> str:
 
 def tool_loop(client: openai.OpenAI, model: str | None, messages: list[dict], schemas: list[dict],
               tools: dict[str, Callable[..., str]], *, max_turns: int, max_tokens: int,
-              temperature: float) -> tuple[str, str | None, dict[str, int]]:
+              temperature: float, answer_from_tool: bool = False) -> tuple[str, str | None, dict[str, int]]:
     """One agent: chat until a reply makes no tool call (its answer) or `max_turns` replies;
     tool calls run locally and their results go back as tool messages. `messages` grows in
-    place. Returns (answer, why the episode stopped early or None, counts)."""
+    place. Returns (answer, why the episode stopped early or None, counts).
+
+    `answer_from_tool`: the first tool call that runs successfully ends the episode and its
+    result is the answer (its tool message is still appended), so success measures choosing the
+    tool and its arguments, not copying the result into a final reply."""
     from harnessrl.harness_examples.text_metrics import extract_answer
 
     counts = {"model_calls": 0, "tool_calls": 0, "tool_errors": 0}
@@ -155,6 +159,8 @@ def tool_loop(client: openai.OpenAI, model: str | None, messages: list[dict], sc
                 counts["tool_calls"] += 1
                 counts["tool_errors"] += not ok
                 messages.append(tool_message(call, result))
+                if answer_from_tool and ok:
+                    return result, None, counts
     except EpisodeStopped as exc:
         return "", str(exc), counts
     return "", None, counts

@@ -1,5 +1,6 @@
 """The toolbox task family (the learning benchmark's): a deterministic world and split, expert
-traces that call the right tool, and both variants run through a real proxy."""
+traces that call the right tool and end there, and both variants run through a real proxy, where
+the first tool call that runs ends the episode and is scored against the task's reference."""
 
 import json
 
@@ -32,6 +33,9 @@ def test_rows_carry_the_right_call_and_delegated_sft_adds_the_workers(tmp_path):
     call = row["expert_trace"][0]["tool_calls"][0]["function"]
     assert (call["name"], json.loads(call["arguments"])) == (f"get_{task.attribute}", {"item": task.item})
     assert row["reference_calls"] == [{"name": f"get_{task.attribute}", "arguments": {"item": task.item}}]
+    # the episode ends at the call: the trace ends with its result, no trained answer turn after it
+    assert [m["role"] for m in row["expert_trace"]] == ["assistant", "tool"]
+    assert row["expert_trace"][-1]["content"] == task.value
     assert toolbox.read(toolbox.write([task], tmp_path / "t.jsonl")) == [task]
     d_train, _ = toolbox.generate(0, delegate=True)
     lines = toolbox.write(d_train, tmp_path / "sft.jsonl", sft=True).read_text().splitlines()
@@ -60,18 +64,85 @@ def test_toolbox_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent
 
 
 @pytest.mark.unit
-def test_sft_copies_keep_the_calls_and_change_the_values():
-    train, _ = toolbox.generate(0)
-    copies = toolbox.sft_tasks(train, 3, 0)
-    assert copies[:64] == train and len(copies) == 256
-    for w in range(1, 4):
-        block = copies[64 * w: 64 * (w + 1)]
-        assert [(t.item, t.attribute) for t in block] == [(t.item, t.attribute) for t in train]
-    assert sum(a.value != b.value for a, b in zip(train, copies[64:128])) > 32  # mostly other values
-
-
-@pytest.mark.unit
 def test_training_rounds_see_fresh_worlds_and_evaluation_the_seeds():
     a, b = toolbox.training_world(0, "round-0-a1"), toolbox.training_world(0, "round-1-a2")
     assert a == toolbox.training_world(0, "round-0-a1") and a != b and a != toolbox.world(0)
     assert a.keys() == toolbox.world(0).keys()
+
+
+def test_the_first_tool_call_that_runs_ends_the_episode(tmp_path, tiny_model_dir):
+    """tool_loop's answer_from_tool, with the tiny model (which calls `lookup` and then answers a
+    tool result with text): off, the episode goes on to that text; on, it ends at the call."""
+    from harnessrl.client import HarnessRL
+    from harnessrl.harness_examples.chat import make_client, tool_loop
+    from harnessrl.harness_examples.lookup.tasks import LOOKUP_TOOL
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+
+    with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), backend="local", model=str(tiny_model_dir),
+                               port=0)) as proxy:
+        hrl = HarnessRL(proxy.url)
+        for from_tool in (False, True):
+            messages = [{"role": "user", "content": "What is the capital of paris?"}]
+            with hrl.rollout(task_id="t") as ro, make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
+                answer, error, counts = tool_loop(client, None, messages, [LOOKUP_TOOL],
+                                                  {"lookup": lambda query: f"value of {query}"}, max_turns=3,
+                                                  max_tokens=40, temperature=0.0, answer_from_tool=from_tool)
+            assert error is None and counts["tool_calls"] >= 1
+            if from_tool:
+                assert counts == {"model_calls": 1, "tool_calls": 1, "tool_errors": 0}
+                assert messages[-1]["role"] == "tool" and answer == messages[-1]["content"].strip()
+                assert answer.startswith("value of ")
+            else:
+                assert counts["model_calls"] >= 2 and messages[-1]["role"] == "assistant"
+                assert not answer.startswith("value of ")
+
+
+@pytest.fixture(scope="module")
+def toolbox_model(tiny_model_dir, tmp_path_factory):
+    """The tiny model fitted (80 SFT steps, ~15 s) to one solo task's and one delegated task's
+    expert traces, so that greedy it makes the right call for them — a successful tool call the
+    untrained tiny model never makes with these tools."""
+    from harnessrl.trainer.sft import SftConfig, sft
+
+    where = tmp_path_factory.mktemp("toolbox-warm")
+    task, delegated = toolbox.generate(0)[0][0], toolbox.generate(0, delegate=True)[0][0]
+    lines = toolbox.write([task, delegated], where / "sft.jsonl", sft=True)
+    model = sft(SftConfig(tasks=str(lines), model=str(tiny_model_dir), out=str(where / "model"), steps=80,
+                          batch_size=4, lr=1e-2, seed=0))
+    return model, task, delegated
+
+
+def test_toolbox_episode_ends_on_the_first_successful_call_and_is_scored(tmp_path, toolbox_model):
+    from harnessrl.harness_examples.toolbox.harness import ToolboxConfig, run_rollout
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+
+    model, task, delegated = toolbox_model
+    table = toolbox.world(0)
+    # another task of the same world: the fitted model makes its one (successful) call anyway,
+    # with the wrong tool or item for this task
+    other = next(t for t in toolbox.generate(0)[0] if t.value != task.value)
+    db = str(tmp_path / "runs.db")
+    greedy = ToolboxConfig(temperature=0.0)
+    with run_proxy(ProxyConfig(db=db, backend="local", model=str(model), port=0)) as proxy:
+        right = run_rollout(proxy.url, table, task, greedy, run="right")
+        wrong = run_rollout(proxy.url, table, other, greedy, run="wrong")
+        planner = run_rollout(proxy.url, table, delegated, greedy, run="delegated")
+    # the right call ends the episode after one model call; its result is the answer
+    assert (right.answer, right.outcome) == (task.value, 1.0)
+    assert {k: right.metrics[k] for k in ("model_calls", "tool_calls", "tool_errors")} == \
+        {"model_calls": 1, "tool_calls": 1, "tool_errors": 0}
+    # a call that runs but answers another question ends the episode too, and scores 0
+    assert wrong.metrics["model_calls"] == 1 and wrong.metrics["tool_errors"] == 0
+    assert wrong.answer in set(table.values()) and wrong.answer != other.value and wrong.outcome == 0.0
+    # delegated: the worker's call ends the worker, its result is the planner's tool result, and
+    # that ends the planner with it as the answer
+    assert (planner.answer, planner.outcome) == (delegated.value, 1.0)
+    assert planner.metrics["worker_calls"] == 1 and planner.metrics["model_calls"] == 1
+    _, Session = open_db(db)
+    with Session() as s:
+        for run, result, agents in (("right", right, ["agent"]), ("wrong", wrong, ["agent"]),
+                                    ("delegated", planner, ["planner", "worker"])):
+            rollout = s.scalars(select(Rollout).where(Rollout.run == run)).one()
+            calls = s.scalars(select(Call).where(Call.rollout_id == rollout.id).order_by(Call.seq)).all()
+            assert [c.agent for c in calls] == agents  # one model call per agent: nothing after the tool
+            assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == result.outcome

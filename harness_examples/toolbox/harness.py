@@ -35,7 +35,11 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                 cfg: ToolboxConfig | None = None, *, group_id: str | None = None,
                 run: str | None = None) -> RolloutResult:
     cfg = cfg or ToolboxConfig()
-    loop = dict(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, temperature=cfg.temperature)
+    # The first tool call that runs ends an agent's episode with its result as the answer, so the
+    # reward is for the right tool with the right item (what the benchmark compares the
+    # algorithms on), not for copying the result into a final reply.
+    loop = dict(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                answer_from_tool=True)
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "toolbox"}) as ro:
         counts = {"tool_calls": 0, "tool_errors": 0, "worker_calls": 0}
@@ -52,7 +56,10 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                     reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table), **loop)
                 counts["tool_calls"] += c["tool_calls"]
                 counts["tool_errors"] += c["tool_errors"]
-                return reply or "the worker found no answer"
+                if not reply:
+                    # a failed ask, not an answer: the planner's episode goes on and it may ask again
+                    raise ValueError("the worker found no answer")
+                return reply
 
             with make_client(ro.base_url("planner"), f"hrl-{ro.id}-planner", {"X-HarnessRL-Session": "planner"}) as client:
                 answer, error, c = tool_loop(client, cfg.model, task.messages(), [ASK_WORKER],

@@ -2,13 +2,14 @@
 
 A world of items, each with four attributes (colour, size, owner, city), one tool per attribute
 (`get_color(item)`, ...). A task asks for one attribute of one item: the right tool (action) with
-the item as its argument (args), then `<answer>value</answer>`. Every item appears in training
-with two of its attributes and is held out with the other two, so held-out tasks are new
-combinations of a tool and an argument the policy has seen, never new words.
+the item as its argument (args); the episode ends at that call, with its result as the answer
+(`tool_loop(answer_from_tool=True)`). Every item appears in training with two of its attributes
+and is held out with the other two, so held-out tasks are new combinations of a tool and an
+argument the policy has seen, never new words.
 
 `delegate=True`: the planner has only `ask_worker(question)`; a worker with the four tools
-answers it (MATPO's planner/worker split). Rows carry the planner's expert trace; `sft_rows`
-adds the worker's, for a warm start of both roles.
+answers it (MATPO's planner/worker split). Rows carry the planner's expert trace; `write(...,
+sft=True)` adds the worker's, for a warm start of both roles.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ ATTRIBUTES = {
 ITEMS = ("river book engine ticket flight vehicle stock message file planet moon star comet piano violin "
          "guitar drum chess tennis soccer hockey gold silver copper iron carbon oxygen helium lemon mango "
          "cherry apple").split()
-SYSTEM = ("Answer the question with the one tool that returns the asked attribute, called with the item, "
-          "then reply with <answer>the value</answer>.")
-PLANNER_SYSTEM = ("You are the planner. Ask the worker the question with the ask_worker tool, then reply with "
-                  "<answer>the value</answer>.")
+SYSTEM = ("Answer the question with the one tool that returns the asked attribute, called with the item; "
+          "its result is your answer.")
+PLANNER_SYSTEM = "You are the planner. Ask the worker the question with the ask_worker tool; its reply is your answer."
 
 
 def tool_schema(name: str, param: str, description: str) -> dict[str, Any]:
@@ -69,10 +69,11 @@ class ToolboxTask:
         return [ASK_WORKER] if self.delegate else TOOLS
 
     def _trace(self, name: str, args: dict[str, str]) -> list[dict[str, Any]]:
+        """The call and its result, and no final reply: the episode ends at the first tool call
+        that runs, so a trained answer turn would be one the policy never reaches."""
         call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         return [{"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_0", "content": self.value},
-                {"role": "assistant", "content": f"<answer>{self.value}</answer>"}]
+                {"role": "tool", "tool_call_id": "call_0", "content": self.value}]
 
     def reference_call(self) -> tuple[str, dict[str, str]]:
         return ("ask_worker", {"question": self.question}) if self.delegate else (f"get_{self.attribute}",
@@ -93,8 +94,9 @@ class ToolboxTask:
 
 def training_world(seed: int, run_tag: str) -> dict[tuple[str, str], str]:
     """The world a training run sees: a fresh one per run tag (loop round), so that RL rewards
-    calling the right tool and copying its result — remembering a value never pays twice. The
-    held-out evaluation always sees `world(seed)`."""
+    calling the right tool with the right item — a remembered value (a reply without a call, or a
+    wrong item that happens to share the value) never pays twice. The held-out evaluation always
+    sees `world(seed)`."""
     return world(10_000 * (seed + 1) + 101 + zlib.crc32(run_tag.encode()) % 1_000_000)
 
 
@@ -118,18 +120,6 @@ def generate(seed: int = 0, delegate: bool = False) -> tuple[list[ToolboxTask], 
     rng.shuffle(train)
     rng.shuffle(held)
     return train, held
-
-
-def sft_tasks(tasks: list[ToolboxTask], worlds: int, seed: int = 0) -> list[ToolboxTask]:
-    """The tasks, then `worlds` copies of them whose values come from other worlds: a warm start
-    that can only fit these by copying (the value from the tool's result, the item from the
-    question), not by remembering one world's table."""
-    out = list(tasks)
-    for w in range(1, worlds + 1):
-        other = world(10_000 * (seed + 1) + w)
-        out += [ToolboxTask(f"{t.id}/w{w}", t.item, t.attribute, other[(t.item, t.attribute)], t.delegate)
-                for t in tasks]
-    return out
 
 
 def write(tasks: list[ToolboxTask], path: str | Path, sft: bool = False) -> Path:

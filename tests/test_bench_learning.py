@@ -1,0 +1,86 @@
+"""bench/learning.py's reporting: Wilson intervals, the verdicts (against the warm start and
+between algorithms), and `--report-only` rendering the table, verdicts and plot from a
+results.json without training."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "learning.py"
+
+
+def _learning():
+    spec = importlib.util.spec_from_file_location("bench_learning", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wilson_at_the_edges_and_the_middle():
+    wilson = _learning().wilson
+    # p = 0: the interval is [0, z²/(n + z²)]; p = 1 mirrors it (worked out from the formula)
+    assert wilson(0.0, 64) == pytest.approx((0.0, 3.8416 / 67.8416))
+    assert wilson(1.0, 64) == pytest.approx((64 / 67.8416, 1.0))
+    # p = 0.5, n = 100: centre 0.5, half-width 1.96·√(0.0025 + 3.8416/40000) / 1.038416 = 0.09617
+    assert wilson(0.5, 100) == pytest.approx((0.40383, 0.59617), abs=1e-5)
+    assert all(math.isnan(x) for x in wilson(0.5, 0))
+
+
+def test_verdicts_against_the_warm_start_and_between_algorithms():
+    learning = _learning()
+    warm = (0.3, 0.2, 0.4)
+    summary = {"grpo": {"before": warm, "after": (0.6, 0.5, 0.7)},
+               "capo": {"before": warm, "after": (0.3, 0.2, 0.4)},
+               "matpo": {"before": warm, "after": (0.45, 0.35, 0.55)},
+               "pact": {"before": warm, "after": (0.8, 0.72, 0.88)}}
+    assert learning.verdicts(summary) == [
+        "grpo: above the warm start",              # 0.5 > 0.4
+        "capo: not separated from the warm start",  # the same interval
+        "matpo: not separated from the warm start",  # 0.35 < 0.4: overlaps
+        "pact: above the warm start",
+        "grpo vs capo: grpo above capo",            # 0.5 > 0.4
+        "grpo vs matpo: not separated",             # 0.5 < 0.55
+        "grpo vs pact: grpo below pact",            # 0.7 < 0.72
+        "capo vs matpo: not separated",
+        "capo vs pact: capo below pact",
+        "matpo vs pact: matpo below pact",          # 0.55 < 0.72
+    ]
+    assert learning.compare((0.5, 0.4, 0.6), (0.2, 0.1, 0.3)) == "above"
+    assert learning.compare((0.5, 0.4, 0.6), (0.6, 0.6, 0.7)) == "not separated"  # touching ends overlap
+
+
+def test_report_only_renders_from_a_results_file(tmp_path):
+    # three seeds × 64 held-out tasks: 192 pooled outcomes, so grpo's 0.25 → 0.75 is
+    # [0.19, 0.32] → [0.68, 0.81] (apart) and validity 1.0 has an upper end a rounding error
+    # below 1 (the plot must not turn that into a negative error bar)
+    def run(seed, after, curve):
+        return {"seed": seed, "before": 0.25, "after": after, "validity_before": 1.0, "validity_after": 1.0,
+                "curve": curve, "train": [0.3, 0.4], "seconds": 100.0}
+
+    results = {"args": {"rounds": 2, "group": 4, "temperature": 0.7, "steps": 8, "batch_size": 32, "lr": 1e-4},
+               "harness": "toolbox", "n_eval": 64,
+               "runs": {"grpo": [run(s, 0.75, [0.5, 0.75]) for s in range(3)],
+                        "capo": [run(s, 0.25, [0.25, 0.25]) for s in range(3)]}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    wide = {**os.environ, "COLUMNS": "250"}  # a table wide enough that no cell wraps
+    done = subprocess.run([sys.executable, str(SCRIPT), "--report-only", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=wide)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "0.250 [0.19, 0.32]" in out and "0.750 [0.68, 0.81]" in out and "0.50 0.75" in out
+    for line in ("grpo: above the warm start", "capo: not separated from the warm start",
+                 "grpo vs capo: grpo above capo"):
+        assert line in out
+    png = (tmp_path / "learning.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert not (tmp_path / "tiny").exists()  # nothing was built or trained
