@@ -84,3 +84,16 @@ def test_report_only_renders_from_a_results_file(tmp_path):
     png = (tmp_path / "learning.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not (tmp_path / "tiny").exists()  # nothing was built or trained
+
+
+def test_the_warm_start_sees_one_training_task_per_item():
+    from harnessrl.harness_examples.toolbox import tasks as toolbox
+
+    share = _learning().sft_share
+    train, held = toolbox.generate(0)
+    one = share(train, 1)
+    # every item once (32 items), so half of RL's 64 training tasks are pairs the warm start never saw
+    assert len(one) == 32 and len({t.item for t in one}) == 32
+    assert {t.id for t in one} < {t.id for t in train}
+    assert share(train, 2) == train
+    assert not {t.id for t in one} & {t.id for t in held}
