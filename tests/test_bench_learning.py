@@ -86,14 +86,15 @@ def test_report_only_renders_from_a_results_file(tmp_path):
     assert not (tmp_path / "tiny").exists()  # nothing was built or trained
 
 
-def test_the_warm_start_sees_one_training_task_per_item():
+def test_the_warm_start_sees_half_the_items_with_both_training_attributes():
     from harnessrl.harness_examples.toolbox import tasks as toolbox
 
     share = _learning().sft_share
     train, held = toolbox.generate(0)
-    one = share(train, 1)
-    # every item once (32 items), so half of RL's 64 training tasks are pairs the warm start never saw
-    assert len(one) == 32 and len({t.item for t in one}) == 32
-    assert {t.id for t in one} < {t.id for t in train}
-    assert share(train, 2) == train
-    assert not {t.id for t in one} & {t.id for t in held}
+    half = share(train, 16)
+    # 16 items × their 2 training attributes: 32 of RL's 64 training tasks are new to the warm start
+    assert len(half) == 32 and len({t.item for t in half}) == 16
+    assert all(sum(t.item == u.item for u in half) == 2 for t in half)
+    assert {t.id for t in half} < {t.id for t in train}
+    assert share(train, 32) == train
+    assert not {t.id for t in half} & {t.id for t in held}
