@@ -23,12 +23,9 @@ training.
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
     python bench/learning.py --report-only --out DIR           # table, verdicts, plot from DIR/results.json
 
-Time on this 2-core machine (shared; measured in one reduced run, `--seeds 0 --algos grpo
---rounds 1 --sft-steps 100`, 319 s in all, under a load of ~3): building the 128-wide, 4-layer
-tiny model 117 s (~45 s on quiet cores); SFT ~1 s a step under that load (the default 800 steps:
-~4 min on quiet cores, up to ~13 min loaded) per seed; the initial greedy evaluation ~16 s; one
-round (256 rollouts, 8 × 32-sample steps, 64 greedy held-out rollouts) ~90 s. Full, estimated
-from these: 3 warm starts (4–13 min each) + 12 runs × 2 rounds (1.5–3 min each) ≈ 50–110 min.
+Time on this 2-core machine (the full configuration, measured): building the 128-wide, 4-layer
+tiny model 32 s; a warm start (800 SFT steps) 232–337 s per seed; one algorithm's 2 rounds (256
+rollouts, 8 × 32-sample steps and 64 greedy held-out rollouts a round) 103–244 s; 44 min in all.
 """
 
 from __future__ import annotations
