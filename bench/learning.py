@@ -10,11 +10,11 @@ seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
 Per seed: one SFT warm start on the expert traces of half the items' training tasks (16 items ×
 2 attributes, `--sft-items`; the same for every algorithm; reused from an earlier run in the same
---out), so RL trains on 32 tasks the warm start was fitted on and 32 it was not; from it, each algorithm
-runs `harnessrl loop` with the same rounds, group, sampling temperature, optimizer steps, batch
-size and learning rate (the same compute); greedy evaluation on the 64 held-out tasks before and after. Reported: mean
-over seeds with a 95% interval (Wilson, over the pooled seed × task outcomes) of held-out success
-and tool-call validity, before and after; verdicts of each algorithm against the warm start and
+--out), so RL trains on 32 tasks the warm start was fitted on and 32 it was not; from it, each
+algorithm runs `harnessrl loop` with the same rounds, group, sampling temperature, optimizer
+steps, batch size and learning rate (the same compute); greedy evaluation on the 64 held-out
+tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled
+seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts of each algorithm against the warm start and
 of each pair of algorithms (apart only when the intervals do not overlap); a plot. Everything
 reported is read back from --out/results.json, so `--report-only` renders it again without
 training.
@@ -189,10 +189,7 @@ def sft_share(train: list, items: int) -> list:
     training rollouts and GRPO's advantages were almost all zero), while each fitted item still
     comes with two attributes, so the warm start must read the attribute to pick the tool (with
     one attribute per item it learned item → tool and ignored the question: held-out 0.13)."""
-    chosen: list[str] = []
-    for t in train:
-        if t.item not in chosen and len(chosen) < items:
-            chosen.append(t.item)
+    chosen = set(list(dict.fromkeys(t.item for t in train))[:items])
     return [t for t in train if t.item in chosen]
 
 
