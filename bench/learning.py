@@ -14,10 +14,10 @@ Per seed: one SFT warm start on the expert traces of half the items' training ta
 algorithm runs `harnessrl loop` with the same rounds, group, sampling temperature, optimizer
 steps, batch size and learning rate (the same compute); greedy evaluation on the 64 held-out
 tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled
-seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts of each algorithm against the warm start and
-of each pair of algorithms (apart only when the intervals do not overlap); a plot. Everything
-reported is read back from --out/results.json, so `--report-only` renders it again without
-training.
+seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts of
+each algorithm against the warm start and of each pair of algorithms (apart only when the
+intervals do not overlap); a plot. Everything reported is read back from --out/results.json, so
+`--report-only` renders it again without training.
 
     python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 2 rounds
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
