@@ -9,6 +9,7 @@ gets an OpenAI error. Everything else goes through FastAPI.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -147,6 +148,10 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         serving = Serving(_route(cfg, backend, pool), recorder, statuses, cfg.prefix_cache_bytes, metrics)
         metrics.watch(lambda: recorder.queue_depth, lambda: serving.index.nbytes)
         state.update(serving=serving, recorder=recorder, pool=pool, upstreams=ups)
+        # What exists now (modules, the app, the tokenizer) lives as long as the process: frozen,
+        # the garbage collector stops walking it on every collection that the hot path's
+        # short-lived JSON objects set off (~8% of the hot path's CPU in a profile)
+        gc.freeze()
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ An adapter renders deltas and results in its own wire format (`openai_wire` for 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -132,8 +133,8 @@ class Result:
     finish_reason: str | None
     usage: dict | None  # {prompt_tokens, completion_tokens, total_tokens}
     message: dict | None = None  # chat: the assistant message (content, tool_calls, reasoning)
-    prompt_ids: list[int] | None = None
-    completion_ids: list[int] | None = None
+    prompt_ids: list[int] | array | None = None  # an upstream's, once checked: an int32 array
+    completion_ids: list[int] | array | None = None
     logprobs: list[float] | None = None
     weight_version: str | None = None
     tokens: list[str] | None = None  # per completion token text, when the harness asked for log-probs

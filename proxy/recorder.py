@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from harnessrl.proxy.callrows import BUSY, CALLS as _CALLS, CallRecord, RecordError, RolloutFinished, RowWriter
+from harnessrl.proxy.inline_commit import InlineCommit, checkpoint, inline_capable, resolve
 from harnessrl.records import escape_nul
 
 __all__ = ["CallRecord", "DatabaseUnavailable", "RecordError", "Recorder", "RolloutBusy", "RolloutFinished"]
@@ -55,10 +56,14 @@ _BUSY_POLL = 0.02  # how soon a call whose rollout row is locked is tried again
 # (last batch of one) never waits. Under load the proxy is CPU-bound, so the CPU saved is
 # throughput gained, and latency (clients / throughput) does not grow.
 _WINDOW = 0.001
+_CHECKPOINT = object()  # queued by the inline committer: the writer thread checkpoints the WAL
 
 
 class Recorder:
     """Owns the writer thread; `await recorder.commit(rec)` returns once `rec` is durable.
+
+    On a SQLite file (`inline`), calls are committed on the event loop's thread instead
+    (`inline_commit`), and only a batch that cannot be written there comes to the writer thread.
 
     The writer survives a lost connection (server restart, failover, terminated or reaped
     backend): the batch it was writing is retried on a fresh connection for up to `retry_s`
@@ -68,7 +73,7 @@ class Recorder:
     way are kept (up to `backlog`) and written as failed calls once the DB is back."""
 
     def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, backlog: int = 10_000,
-                 busy_s: float = 5.0, metrics: Any = None, window_s: float = _WINDOW) -> None:
+                 busy_s: float = 5.0, metrics: Any = None, window_s: float = _WINDOW, inline: bool = True) -> None:
         self._engine = engine
         self._max_batch = max_batch
         self._window_s = window_s
@@ -84,8 +89,11 @@ class Recorder:
         self._conn = engine.raw_connection()  # opened here so a bad DB fails at start, not per call
         self._state, self._last_error = "ok", None
         self._next_try, self._backoff = 0.0, _MIN_BACKOFF
+        self._checkpoint_due = False
         self._backlog: deque[CallRecord] = deque(maxlen=backlog)
-        self.committed = 0
+        self._committed = 0  # by the writer thread
+        self._inline = (InlineCommit(engine, self._take_over, lambda: self._queue.put(_CHECKPOINT), metrics)
+                        if inline and inline_capable(engine) else None)
         self._thread = threading.Thread(target=self._run, name="harnessrl-recorder", daemon=True)
         self._thread.start()
 
@@ -94,7 +102,10 @@ class Recorder:
             raise RecordError("the recorder is stopped")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.put((rec, fut, loop))
+        if self._inline is not None and self._state == "ok":
+            self._inline.add((rec, fut, loop))
+        else:
+            self._queue.put((rec, fut, loop))
         await fut
 
     def submit(self, rec: CallRecord) -> None:
@@ -104,7 +115,12 @@ class Recorder:
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize() + len(self._waiting)
+        return self._queue.qsize() + len(self._waiting) + (self._inline.depth if self._inline is not None else 0)
+
+    @property
+    def committed(self) -> dict[str, int]:
+        """Calls committed so far, by the event loop's thread ("inline") and the writer thread."""
+        return {"inline": self._inline.committed if self._inline is not None else 0, "writer": self._committed}
 
     def health(self) -> dict[str, Any]:
         """The writer's state for readiness probes: `writer` is "ok", "reconnecting" (the DB
@@ -116,6 +132,8 @@ class Recorder:
                 "backlog": len(self._backlog)}
 
     def close(self) -> None:
+        if self._inline is not None:
+            self._inline.close()
         self._queue.put(None)
         self._thread.join(timeout=30)
 
@@ -125,6 +143,9 @@ class Recorder:
             stop = False
             while not stop:
                 batch, since, stop = self._take()
+                if self._checkpoint_due and self._conn is not None:
+                    checkpoint(self._conn)
+                self._checkpoint_due = False
                 if not batch:
                     continue
                 recs = [b[0] for b in batch]
@@ -136,7 +157,7 @@ class Recorder:
                     outcomes = [RecordError(_UNRECORDED)] * len(recs)
                 if self._metrics is not None:
                     self._metrics.commit(time.perf_counter() - t0)
-                self.committed += sum(e is None for e in outcomes)
+                self._committed += sum(e is None for e in outcomes)
                 self._answer(batch, since, outcomes, stop)
         finally:
             if self._conn is not None:
@@ -155,8 +176,11 @@ class Recorder:
             return batch, since, False
         deadline = None
         while item is not None:
-            batch.append(item)
-            since.append(None)
+            if item is _CHECKPOINT:
+                self._checkpoint_due = True
+            else:
+                batch.append(item)
+                since.append(None)
             if len(batch) >= self._max_batch:
                 break
             try:
@@ -176,6 +200,11 @@ class Recorder:
                 break
         self._last_batch = len(batch)
         return batch, since, item is None
+
+    def _take_over(self, batch: list[tuple]) -> None:
+        """A batch the inline committer could not write (lock held elsewhere, an error)."""
+        for item in batch:
+            self._queue.put(item)
 
     def _answer(self, batch: list[tuple], since: list[float | None], outcomes: list, stopping: bool) -> None:
         now = time.monotonic()
@@ -201,7 +230,7 @@ class Recorder:
                 continue
             by_loop.setdefault(loop, []).append((fut, out))
         for loop, done in by_loop.items():
-            loop.call_soon_threadsafe(_resolve, done)
+            loop.call_soon_threadsafe(resolve, done)
 
     def _commit_batch(self, recs: list[CallRecord]) -> list[Any]:
         # a batch that meets a lost connection gets `retry_s` to reconnect; while the DB is
@@ -357,13 +386,3 @@ class Recorder:
         outcomes = self._rows.write(cur, recs, time.time())
         cur.close()
         return outcomes
-
-
-def _resolve(done: list) -> None:
-    for fut, err in done:
-        if fut.done():
-            continue
-        if err is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(err)

@@ -1,0 +1,123 @@
+"""SQLite group commit on the event loop's own thread.
+
+On a SQLite file (WAL, synchronous=NORMAL: a commit is a write to the WAL, no fsync) the event
+loop writes a batch faster than it can hand it to the recorder's writer thread: a hand-off costs
+a thread wake-up, GIL switches while both threads run Python, and a cross-thread wake-up of the
+loop to resolve each batch's futures. So the calls committed during one iteration of the event
+loop are written here, in one transaction, once that iteration's callbacks have run.
+
+The loop must never block on the database, so this connection waits for no lock
+(busy_timeout=0) and never checkpoints the WAL (a checkpoint fsyncs). A batch that finds the
+write lock taken (another process, the rollout API) or meets any error is rolled back and
+handed, unchanged, to the writer thread, which has the waiting, retry, row-by-row and backlog
+logic; the writer thread also runs the WAL checkpoints (`checkpoint()` asks for one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine
+
+from harnessrl.proxy.callrows import RowWriter
+
+log = logging.getLogger("harnessrl.proxy.recorder")
+
+# calls committed inline after which the writer thread is asked for a WAL checkpoint: a call row
+# with its request and response is a few 4 KiB pages, so about SQLite's own automatic threshold
+# (1,000 pages)
+CHECKPOINT_CALLS = 400
+
+
+def inline_capable(engine: Engine) -> bool:
+    """A SQLite file (an in-memory DB shares one connection between threads: no second one)."""
+    return engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+
+
+def checkpoint(conn) -> None:
+    """The WAL checkpoint the inline commits leave to the writer thread, on its connection
+    (PASSIVE: it waits for no reader or writer; one that cannot finish is done at the next)."""
+    try:
+        cur = conn.cursor()
+        cur.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        cur.fetchall()
+        cur.close()
+    except Exception as exc:  # noqa: BLE001 - the writer's next batch reports a lost DB
+        log.debug("recorder: WAL checkpoint failed: %s", exc)
+
+
+def resolve(done: list[tuple[Any, Exception | None]]) -> None:
+    """Answer each waiting call: (future, None) committed, (future, error) not."""
+    for fut, err in done:
+        if fut.done():
+            continue
+        if err is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(err)
+
+
+class InlineCommit:
+    """`add((rec, future, loop))` from the event loop; the future is resolved by the loop's
+    commit at the end of this iteration, or by the writer thread after `handoff(batch)`."""
+
+    def __init__(self, engine: Engine, handoff: Callable[[list[tuple]], None], checkpoint: Callable[[], None],
+                 metrics: Any = None) -> None:
+        self._conn = engine.raw_connection()
+        cur = self._conn.cursor()
+        cur.execute("PRAGMA busy_timeout=0")
+        cur.execute("PRAGMA wal_autocheckpoint=0")
+        cur.close()
+        self._conn.commit()
+        self._rows = RowWriter(engine.dialect.name, engine.dialect.paramstyle)
+        self._handoff = handoff
+        self._checkpoint = checkpoint
+        self._metrics = metrics
+        self._pending: list[tuple] = []
+        self._since_checkpoint = 0
+        self.committed = 0
+        self.handed_off = 0  # batches the writer thread took over (a lock held elsewhere, an error)
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def add(self, item: tuple) -> None:
+        self._pending.append(item)
+        if len(self._pending) == 1:
+            item[2].call_soon(self._flush)
+
+    def close(self) -> None:
+        if self._pending:
+            self._flush()
+        self._conn.close()
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        t0 = time.perf_counter()
+        try:
+            cur = self._conn.cursor()
+            outcomes = self._rows.write(cur, [item[0] for item in batch], time.time())
+            cur.close()
+            self._conn.commit()
+        except Exception as exc:  # noqa: BLE001 - the writer thread retries with its full logic
+            log.debug("recorder: inline commit of %d calls handed to the writer thread: %s", len(batch), exc)
+            self._rows.unassigned_ok = False
+            try:
+                self._conn.rollback()
+            except Exception:  # noqa: BLE001 - the writer thread reports what is wrong
+                pass
+            self.handed_off += 1
+            self._handoff(batch)
+            return
+        if self._metrics is not None:
+            self._metrics.commit(time.perf_counter() - t0)
+        self.committed += sum(out is None for out in outcomes)
+        resolve([(item[1], out) for item, out in zip(batch, outcomes)])
+        self._since_checkpoint += len(batch)
+        if self._since_checkpoint >= CHECKPOINT_CALLS:
+            self._since_checkpoint = 0
+            self._checkpoint()
