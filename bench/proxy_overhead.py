@@ -1,7 +1,7 @@
 """Proxy overhead: the same load sent straight to a vLLM stand-in and through the recording
 proxy in one run, non-streaming and streaming.
 
-    python bench/proxy_overhead.py [--clients 64] [--duration 8] [--db PATH|postgresql+psycopg://...]
+    python bench/proxy_overhead.py [--clients 64] [--duration 8] [--db PATH|postgresql+psycopg://...] [--workers N]
 
 Prints, per mode, latency p50/p99 (ms) direct and through the proxy, the added latency, and
 throughput (calls/s; for the proxy: calls durably recorded, counted in the DB afterwards) with
@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import free_port, stop, wait_http  # noqa: E402
+from procs import free_port, stop, wait_http, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # The load the issue specifies: a ~300-word prompt, log-probs and token ids asked for (so the
@@ -86,9 +86,16 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds a process and its child processes (`--workers`) have used so far."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if stat.parent.name == str(pid) or int(fields[1]) == pid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _count_calls(db: str) -> int:
@@ -109,6 +116,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
     ap.add_argument("--db", default=None, help="records DB (default: a fresh SQLite file)")
+    ap.add_argument("--workers", type=int, default=1, help="proxy processes (`harnessrl proxy --workers`)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="hrl-bench-"))
@@ -121,16 +129,18 @@ def main() -> None:
     upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                  str(tmp / "tok"), "--port", str(up_port)], env=env)
     proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
-                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)],
+                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port),
+                              "--workers", str(args.workers), "--no-ui"],
                              env=env, stderr=subprocess.DEVNULL)
     console = Console(width=160)
     try:
         wait_http(up_port, upstream, "stand-in")
-        wait_http(px_port, proxy, "proxy")
+        wait_ready(f"http://127.0.0.1:{px_port}", proxy)  # a worker answers (with --workers, the port listens first)
         direct, through = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
         run_load(direct, 4, 1.0, False)  # warm caches and connections
         run_load(through, 4, 1.0, False)
-        table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB {'SQLite' if '://' not in db else db.split(':')[0]})")
+        table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB "
+                            f"{'SQLite' if '://' not in db else db.split(':')[0]}, {args.workers} proxy process(es))")
         for col in ("mode", "clients", "direct p50/p99 ms", "proxy p50/p99 ms", "added p50/p99 ms",
                     "direct calls/s", "proxy recorded calls/s", "ratio", "upstream CPU µs/call", "proxy CPU µs/call"):
             table.add_column(col, justify="right")

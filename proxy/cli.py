@@ -71,6 +71,9 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         sampling_policy: str = typer.Option(None, "--sampling-policy", help="YAML file of sampling parameters "
                                             "enforced on every call (temperature, top_p, max_tokens cap, forbidden "
                                             "ones such as logit_bias); the record keeps what the harness asked."),
+        workers: int = typer.Option(1, "--workers", help="Proxy processes sharing the port and the records DB "
+                                    "(one upstream, pass-through): each uses up to one core. The prefix index, "
+                                    "rollout-status cache and /metrics are per process."),
         no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (it is never "
                                    "served with --api-key: the viewer has no authentication)."),
     ) -> None:
@@ -101,7 +104,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
                           log_level=log_level, log_format=log_format, strict_rollouts=strict_rollouts,
                           prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024), db_lock_timeout_s=db_lock_timeout,
-                          db_statement_timeout_s=db_statement_timeout)
+                          db_statement_timeout_s=db_statement_timeout, workers=workers)
         cfg.check()
         log_config = configure(log_format, log_level)
         target = ", ".join(cfg.upstreams or (cfg.upstream,)) if backend == "upstream" else f"local model {model}"

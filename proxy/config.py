@@ -53,6 +53,9 @@ class ProxyConfig:
     drain_timeout_s: float = 60.0  # how long a push waits for an upstream's calls in flight
     push_wait_s: float = 30.0  # how long a call waits for its reloading upstream before a 503 + Retry-After
     sampling_policy: str | None = None  # YAML file (`harnessrl.sampling_policy`): enforced on every call
+    # proxy processes sharing the listening socket and the records DB (`workers.py`): one upstream
+    # and no local backend, since the prefix index, weight pushes and upstream health are per process
+    workers: int = 1
 
     @property
     def several(self) -> bool:
@@ -119,6 +122,11 @@ class ProxyConfig:
             load_policy(self.sampling_policy)  # a bad file stops the start with its one-line reason
         if self.log_format not in ("text", "json"):
             raise UserError(f"--log-format must be 'text' or 'json', got {self.log_format!r}")
+        if self.workers < 1:
+            raise UserError("--workers must be >= 1")
+        if self.workers > 1 and (self.backend != "upstream" or self.several or self.prefix_mode):
+            raise UserError("--workers above 1 needs one --upstream in pass-through mode (a local backend, several "
+                            "upstreams and --prefix keep per-process state that the workers would not share)")
         if self.prefix_cache_bytes < 0:
             raise UserError("--prefix-cache-mb must be >= 0")
         if self.max_body_bytes <= 0:

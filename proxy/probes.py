@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import orjson
@@ -34,7 +35,8 @@ def add_probes(app: FastAPI, engine: Engine, state: dict[str, Any], local_backen
 
     @app.get("/health")
     def health() -> Response:
-        return Response(b'{"status":"ok"}', 200, media_type="application/json")
+        # the process that answered: with --workers each has its own metrics and prefix index
+        return Response(orjson.dumps({"status": "ok", "worker": os.getpid()}), 200, media_type="application/json")
 
     @app.get("/ready")
     async def ready() -> Response:

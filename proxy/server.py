@@ -63,12 +63,21 @@ def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None,
           log_config: dict | None = None) -> None:
     """Run in the foreground until interrupted. `mounts()`: path → ASGI app served beside the API
     (the app layer passes the trace viewer at /ui), on FastAPI's side of the hot-path split;
-    called once the app (and so the records DB) exists. `log_config`: uvicorn's, from `logs.configure`."""
-    app = build_app(cfg)
-    for path, sub in (mounts() if mounts else {}).items():
-        app.api.mount(path, sub)
-    sock = _bind(cfg.host, cfg.port)
-    uvicorn.Server(_uvicorn_config(app, cfg, log_config)).run(sockets=[sock])
+    called once the app (and so the records DB) exists. `log_config`: uvicorn's, from `logs.configure`.
+    `cfg.workers` > 1: that many processes on the one socket (`workers.py`)."""
+    def run_one(sock: socket.socket) -> None:
+        app = build_app(cfg)
+        for path, sub in (mounts() if mounts else {}).items():
+            app.api.mount(path, sub)
+        uvicorn.Server(_uvicorn_config(app, cfg, log_config)).run(sockets=[sock])
+
+    if cfg.workers > 1:
+        from harnessrl.proxy.workers import serve_workers
+
+        cfg.check()
+        serve_workers(cfg, run_one, _bind(cfg.host, cfg.port))
+    else:
+        run_one(_bind(cfg.host, cfg.port))
 
 
 @dataclass

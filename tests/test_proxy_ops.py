@@ -41,7 +41,7 @@ def test_an_empty_api_key_variable_refuses_to_start(tmp_path):
 
 def test_probes_and_an_upstream_given_with_v1(upstream, tmp_path):
     with run_proxy(ProxyConfig(db=str(tmp_path / "r.db"), upstream=upstream + "/v1/", port=0, api_key="k")) as proxy:
-        assert httpx.get(proxy.url + "/health").json() == {"status": "ok"}  # no key needed for probes
+        assert httpx.get(proxy.url + "/health").json() == {"status": "ok", "worker": os.getpid()}  # no key needed for probes
         ready = httpx.get(proxy.url + "/ready")
         assert ready.status_code == 200
         assert ready.json() == {"status": "ready", "checks": {"database": "ok", "writer": "ok", "upstream": "ok"}}
