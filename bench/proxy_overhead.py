@@ -129,8 +129,8 @@ def main() -> None:
     upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                  str(tmp / "tok"), "--port", str(up_port)], env=env)
     proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
-                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port),
-                              "--workers", str(args.workers), "--no-ui"],
+                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port), "--no-ui",
+                              *(["--workers", str(args.workers)] if args.workers != 1 else [])],
                              env=env, stderr=subprocess.DEVNULL)
     console = Console(width=160)
     try:
