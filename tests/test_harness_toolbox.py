@@ -146,3 +146,35 @@ def test_toolbox_episode_ends_on_the_first_successful_call_and_is_scored(tmp_pat
             calls = s.scalars(select(Call).where(Call.rollout_id == rollout.id).order_by(Call.seq)).all()
             assert [c.agent for c in calls] == agents  # one model call per agent: nothing after the tool
             assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == result.outcome
+
+
+def test_a_wrong_item_that_shares_the_answer_value_is_not_a_success(tmp_path, toolbox_model):
+    """Values repeat (6 per attribute over 32 items), so the right tool called with another item
+    often returns the asked value: that is still the wrong call, and scores 0. Here the question
+    is about another item in a world where both items share the value; the fitted model calls
+    the right tool with the item it was fitted on (solo: itself; delegated: its worker)."""
+    from harnessrl.harness_examples.toolbox.harness import ToolboxConfig, run_rollout
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+
+    model, task, delegated = toolbox_model
+    other = next(i for i in toolbox.ITEMS if i not in (task.item, delegated.item))
+    db = str(tmp_path / "runs.db")
+    results = {}
+    with run_proxy(ProxyConfig(db=db, backend="local", model=str(model), port=0)) as proxy:
+        for fitted in (task, delegated):
+            table = {**toolbox.world(0), (other, fitted.attribute): fitted.value}
+            lucky = toolbox.ToolboxTask(f"toolbox-{other}-{fitted.attribute}", other, fitted.attribute,
+                                        fitted.value, fitted.delegate)
+            results[fitted] = run_rollout(proxy.url, table, lucky, ToolboxConfig(temperature=0.0),
+                                          run=f"lucky-{fitted.delegate}")
+    _, Session = open_db(db)
+    with Session() as s:
+        for fitted, result in results.items():
+            rollout = s.scalars(select(Rollout).where(Rollout.run == f"lucky-{fitted.delegate}")).one()
+            calls = s.scalars(select(Call).where(Call.rollout_id == rollout.id).order_by(Call.seq)).all()
+            made = calls[-1].tool_calls[0]["function"]  # solo: the agent's call; delegated: the worker's
+            assert (made["name"], json.loads(made["arguments"])) == (f"get_{fitted.attribute}", {"item": fitted.item})
+            # the answer is the asked value, but from the wrong item: no success, no reward
+            assert result.answer == fitted.value and result.metrics["em"] == 1.0
+            assert result.outcome == 0.0 and result.metrics["success"] == 0.0
+            assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == 0.0
