@@ -61,8 +61,8 @@ def resolve(done: list[tuple[Any, Exception | None]]) -> None:
 
 
 class InlineCommit:
-    """`add((rec, future, loop))` from the event loop; the future is resolved by the loop's
-    commit at the end of this iteration, or by the writer thread after `handoff(batch)`."""
+    """`add((rec, future, loop))` from the event loop it `serves`; the future is resolved by
+    that loop's commit at the end of this iteration, or by the writer thread after `handoff`."""
 
     def __init__(self, engine: Engine, handoff: Callable[[list[tuple]], None], checkpoint: Callable[[], None],
                  metrics: Any = None) -> None:
@@ -77,18 +77,25 @@ class InlineCommit:
         self._checkpoint = checkpoint
         self._metrics = metrics
         self._pending: list[tuple] = []
+        self._loop: Any = None
         self._since_checkpoint = 0
         self.committed = 0
-        self.handed_off = 0  # batches the writer thread took over (a lock held elsewhere, an error)
 
     @property
     def depth(self) -> int:
         return len(self._pending)
 
+    def serves(self, loop: Any) -> bool:
+        """Whether calls from `loop` are committed here: the first loop that asks, only (the
+        pending batch is that loop's alone; another loop's calls go to the writer thread)."""
+        if self._loop is None:
+            self._loop = loop
+        return self._loop is loop
+
     def add(self, item: tuple) -> None:
         self._pending.append(item)
         if len(self._pending) == 1:
-            item[2].call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def close(self) -> None:
         if self._pending:
@@ -110,7 +117,6 @@ class InlineCommit:
                 self._conn.rollback()
             except Exception:  # noqa: BLE001 - the writer thread reports what is wrong
                 pass
-            self.handed_off += 1
             self._handoff(batch)
             return
         if self._metrics is not None:

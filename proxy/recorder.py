@@ -102,7 +102,7 @@ class Recorder:
             raise RecordError("the recorder is stopped")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        if self._inline is not None and self._state == "ok":
+        if self._inline is not None and self._state == "ok" and self._inline.serves(loop):
             self._inline.add((rec, fut, loop))
         else:
             self._queue.put((rec, fut, loop))

@@ -2,7 +2,7 @@
 
 - Calls committed concurrently on a SQLite file are written by the event loop itself, in
   batches, with nothing left to the writer thread, and each `commit` returns only once its row
-  is in the database.
+  is in the database; calls from a second event loop go to the writer thread.
 - The loop never waits for the database: while another connection holds the write lock, the
   batch goes to the writer thread (which waits for the lock), and the loop keeps running.
 - The loop's connection never checkpoints the WAL (a checkpoint fsyncs); the writer thread does.
@@ -66,6 +66,10 @@ def test_concurrent_calls_are_committed_by_the_event_loop(db):
     assert recorder.committed == {"inline": 200, "writer": 0}
     assert all(seen_after_commit) and len(seen_after_commit) == 200
     assert _count(Session) == 200
+    # another event loop's calls go to the writer thread (the inline batch belongs to one loop)
+    asyncio.run(main())
+    assert recorder.committed == {"inline": 200, "writer": 200}
+    assert all(seen_after_commit) and _count(Session) == 400
 
 
 def test_a_write_lock_held_elsewhere_goes_to_the_writer_thread_and_the_loop_keeps_running(db):
