@@ -62,7 +62,7 @@ _CHECKPOINT = object()  # queued by the inline committer: the writer thread chec
 class Recorder:
     """Owns the writer thread; `await recorder.commit(rec)` returns once `rec` is durable.
 
-    On a SQLite file (`inline`), calls are committed on the event loop's thread instead
+    On a SQLite file, calls are committed on the event loop's thread instead
     (`inline_commit`), and only a batch that cannot be written there comes to the writer thread.
 
     The writer survives a lost connection (server restart, failover, terminated or reaped
@@ -73,7 +73,7 @@ class Recorder:
     way are kept (up to `backlog`) and written as failed calls once the DB is back."""
 
     def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, backlog: int = 10_000,
-                 busy_s: float = 5.0, metrics: Any = None, window_s: float = _WINDOW, inline: bool = True) -> None:
+                 busy_s: float = 5.0, metrics: Any = None, window_s: float = _WINDOW) -> None:
         self._engine = engine
         self._max_batch = max_batch
         self._window_s = window_s
@@ -93,7 +93,7 @@ class Recorder:
         self._backlog: deque[CallRecord] = deque(maxlen=backlog)
         self._committed = 0  # by the writer thread
         self._inline = (InlineCommit(engine, self._take_over, lambda: self._queue.put(_CHECKPOINT), metrics)
-                        if inline and inline_capable(engine) else None)
+                        if inline_capable(engine) else None)
         self._thread = threading.Thread(target=self._run, name="harnessrl-recorder", daemon=True)
         self._thread.start()
 
