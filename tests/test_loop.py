@@ -21,9 +21,12 @@ LOOP = [sys.executable, "-m", "harnessrl"]
 
 
 def _loop_cmd(model: Path, out: Path, rounds: int) -> list[str]:
+    # --train-config: trainer options for every round; its lr loses to the loop's --lr flag
+    config = out.parent / "train.yaml"
+    config.write_text("ratio_to: behaviour\nepsilon: 0.3\nlr: 0.5\n")
     return LOOP + ["loop", "--harness", "lookup", "--model", str(model), "--out", str(out), "--rounds", str(rounds),
                    "--group", "2", "--n-tasks", "3", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4",
-                   "--concurrency", "4"]
+                   "--concurrency", "4", "--train-config", str(config)]
 
 
 def _state(out: Path) -> dict:
@@ -39,6 +42,8 @@ def test_loop_runs_rounds_and_resumes_after_a_killed_round(tiny_model_dir, tmp_p
     state = _state(out)
     assert [r["round"] for r in state["rounds"]] == [0] and state["attempts"] == 1
     assert (out / "curves.png").stat().st_size > 0
+    trained = json.loads((out / "round-0-a1" / "train_config.json").read_text())
+    assert (trained["ratio_to"], trained["epsilon"], trained["lr"]) == ("behaviour", 0.3, 1e-4)
 
     # Round 1: kill the loop once its attempt has started (state written, rollouts under way).
     proc = subprocess.Popen(_loop_cmd(tiny_model_dir, out, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -70,10 +75,17 @@ def test_loop_runs_rounds_and_resumes_after_a_killed_round(tiny_model_dir, tmp_p
     assert len(versions) == 2  # one push per finished round
 
 
-def test_loop_bad_input_is_one_line(tmp_path):
+def test_loop_bad_input_is_one_line(tmp_path, tiny_model_dir):
     res = subprocess.run(LOOP + ["loop", "--harness", "nope", "--model", str(tmp_path)], capture_output=True, text=True)
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "error" in res.stderr
+    # a bad --train-config stops the loop before its first rollout
+    bad = tmp_path / "train.yaml"
+    bad.write_text("ratio_to: rollout\n")
+    res = subprocess.run(LOOP + ["loop", "--harness", "lookup", "--model", str(tiny_model_dir), "--out",
+                                 str(tmp_path / "out"), "--train-config", str(bad)], capture_output=True, text=True)
+    assert res.returncode != 0 and res.stderr.strip().count("\n") == 0 and "ratio_to" in res.stderr, res.stderr
+    assert not (tmp_path / "out" / "loop_state.json").exists()  # no evaluation, no round started
 
 
 def test_sft_targets_only_what_the_model_generates_and_lowers_the_loss(tiny_model_dir, tmp_path):

@@ -75,6 +75,43 @@ def test_tis_weight_takes_the_behaviour_logprob_of_the_same_token(graded, tiny_m
     assert checked > 50
 
 
+def test_ratio_to_behaviour_clips_against_the_recorded_sampling_logprob(graded, tiny_model_dir):
+    # ratio_to=behaviour: ρ = exp(logp_θ − b) with b the recorded sampling log-prob, so the clip bounds
+    # the whole round's drift from the sampling policy. E.g. logp = −1.5, b = −1.0: ρ = e^{−0.5} = 0.6065;
+    # A = +1 → −min(0.6065, 0.8) = −0.6065; A = −1 → −min(−0.6065, −0.8) = 0.8 (clipped: no gradient).
+    # Where no behaviour log-prob was recorded (NaN), logp_old stays the step's start: ρ = 1, loss −A.
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, graded, ratio_to="behaviour")
+    batch = tr.fixed_batch()
+    logps = start_logps(tr, batch).clone().requires_grad_(True)
+    per_token, old = tr.per_token_loss(logps, batch)
+    per_token[batch["loss_mask"] > 0].sum().backward()
+    clipped = recorded = unrecorded = 0
+    for i, s in enumerate(tr.data.samples):
+        for j in range(len(s.input_ids) - s.prompt_len):
+            t, a = s.prompt_len + j, float(batch["advantages"][i, j])
+            b = s.behaviour_logprob[t]
+            if b is None or math.isnan(b):
+                assert float(per_token[i, j]) == pytest.approx(-a, abs=1e-6), (i, j)
+                unrecorded += 1
+                continue
+            rho = math.exp(float(logps.detach()[i, j]) - b)
+            assert float(old[i, j]) == pytest.approx(b)
+            assert float(per_token[i, j]) == pytest.approx(-min(rho * a, min(max(rho, 0.8), 1.2) * a), rel=1e-5, abs=1e-6)
+            if s.loss_mask[t] and a != 0 and (rho * a > min(max(rho, 0.8), 1.2) * a):
+                assert float(logps.grad[i, j]) == 0.0  # the clipped side carries no gradient
+                clipped += 1
+            recorded += 1
+    assert recorded > 50 and clipped > 0 and unrecorded > 0
+
+
+def test_unknown_ratio_to_is_a_user_error():
+    from harnessrl.errors import UserError
+    from harnessrl.trainer.config import TrainConfig
+
+    with pytest.raises(UserError, match="ratio_to"):
+        TrainConfig(ratio_to="rollout").validate()
+
+
 def test_logps_under_left_padding_equal_unpadded_forward(graded, tiny_model_dir):
     # Row i is left-padded by P − p_i. Token t of a sample is predicted by the logits at t − 1, so
     # completion token j (input position p_i + j) is scored from position p_i + j − 1 of the

@@ -12,6 +12,7 @@ from harnessrl.algorithms import get_algorithm
 from harnessrl.errors import UserError
 
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean")
+RATIO_TO = ("step", "behaviour")
 
 
 @dataclass
@@ -31,6 +32,10 @@ class TrainConfig:
     loss_agg: str = "token_mean"  # over the whole optimizer step (trainer/normalise.py)
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
+    # logp_old of the ratio: "step" = the policy at the start of each optimizer step (docs/methods.md
+    # §6, TRL's); "behaviour" = the recorded sampling log-probs, so the ε clip bounds how far all of a
+    # round's steps move each sampled token from the policy that sampled it (PPO's trust region)
+    ratio_to: str = "step"
     tis_cap: float = 2.0
     seed: int = 0
     lora: bool = False
@@ -65,6 +70,8 @@ class TrainConfig:
         get_algorithm(self.algo)  # a clear error naming the choices
         if self.loss_agg not in LOSS_AGGS:
             raise UserError(f"unknown --loss-agg {self.loss_agg!r}; choose one of {', '.join(LOSS_AGGS)}")
+        if self.ratio_to not in RATIO_TO:
+            raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
         if self.algo == "matpo" and self.loss_agg != "token_mean":
             raise UserError("matpo uses token_mean aggregation over the augmented batch (docs/methods.md §6.3)")
         if self.algo == "capo" and not self.partition:

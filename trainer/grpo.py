@@ -151,6 +151,9 @@ class HarnessTrainer(GRPOTrainer):
         """Clipped surrogate × truncated-IS weight + β·KL, per token; also returns logp_old."""
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
+        if self.cfg.ratio_to == "behaviour":
+            behaviour = inputs["behaviour_logps"]
+            old = torch.where(torch.isnan(behaviour), old, behaviour)  # unknown where the server sent none
         loss = clipped_surrogate(logps, old, inputs["advantages"], self.epsilon_low, self.epsilon_high)
         if self.cfg.tis:
             loss = loss * tis_weight(old, inputs["behaviour_logps"], self.cfg.tis_cap)

@@ -108,6 +108,9 @@ def loop(
     teacher_min_reward: float = typer.Option(None, "--teacher-min-reward",
                                              help="Only teacher rollouts with at least this outcome become traces."),
     teacher_sft_steps: int = typer.Option(200, "--teacher-sft-steps", help="Warm-up SFT steps on the traces."),
+    train_config: Path | None = typer.Option(None, "--train-config", help="YAML of further trainer options for "
+                                             "every round (as `harnessrl train --config`, e.g. ratio_to, beta, "
+                                             "epsilon); the flags above take precedence."),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
     from harnessrl.app.loop import LoopConfig, Teacher, run_loop
@@ -117,7 +120,8 @@ def loop(
     run_loop(LoopConfig(teacher=mentor, harness=harness or "", cmd=cmd, reward=reward, reward_from=reward_from, intercept=intercept,
                         algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
-                        batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed))
+                        batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed,
+                        train_config=train_config))
 
 
 @app.command("demo")

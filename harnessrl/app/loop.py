@@ -35,7 +35,7 @@ from harnessrl.errors import UserError
 from harnessrl.harness_examples.runner import run_many
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.trainer.capo_partition import build_partition, write_outputs
-from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.config import TrainConfig, config_dict, load_config
 from harnessrl.trainer.data import load_samples
 from harnessrl.trainer.push import push
 from harnessrl.trainer.run import load_model, train
@@ -67,6 +67,7 @@ class LoopConfig:
     reward_from: str | None = None  # --cmd: exit-code | stdout-json | FILE
     intercept: bool = False  # --cmd: route hard-coded LLM API hosts through one mitmdump
     teacher: Teacher | None = None  # a warm-up round against a stronger model first
+    train_config: Path | None = None  # YAML of further trainer options (`harnessrl train --config`) for every round
 
 
 @dataclass
@@ -155,6 +156,8 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
         raise UserError("no training tasks: give more tasks or a smaller --eval-fraction")
     if h.tasks_file:
         import_tasks(db, h.tasks_file)  # references and expert traces for compile-time rewards and PACT
+    # a bad --train-config fails now, not after the first round's rollouts (CAPO's partition is made later)
+    _train_config(cfg, cfg.out, cfg.model, cfg.out, 0, cfg.partition or "made from round data")
     state_path = cfg.out / "loop_state.json"
     state = LoopState.load(state_path, cfg.model)
     if state.rounds:
@@ -187,10 +190,9 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             partition = cfg.partition
             if cfg.algo == "capo" and partition is None:
                 partition = str(_capo_partition(samples_dir, state.model, cfg.out / tag / "partition.pt"))
-            result = train(TrainConfig(samples=str(samples_dir), model=state.model, algo=cfg.algo,
-                                       out=str(cfg.out / tag / "checkpoints"), steps=cfg.steps,
-                                       batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed + r,
-                                       temperature=cfg.temperature, partition=partition))
+            train_cfg = _train_config(cfg, samples_dir, state.model, cfg.out / tag / "checkpoints", r, partition)
+            (cfg.out / tag / "train_config.json").write_text(json.dumps(config_dict(train_cfg), indent=2))
+            result = train(train_cfg)
             version = push(proxy.url, result.checkpoint, result.version)
             held = _rollouts(h, proxy.url, h.eval, 1, f"eval-{r}-a{state.attempts}", 0.0, cfg.concurrency,
                              f"round {r} eval")
@@ -204,6 +206,13 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             console.print(round_table(state))
     plot_curves(state, cfg.out / "curves.png")
     return state
+
+
+def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int, partition: str | None) -> TrainConfig:
+    """Round r's trainer options: --train-config's, under the loop's own flags."""
+    return load_config(cfg.train_config, dict(
+        samples=str(samples), model=model, algo=cfg.algo, out=str(out), steps=cfg.steps, batch_size=cfg.batch_size,
+        lr=cfg.lr, seed=cfg.seed + r, temperature=cfg.temperature, partition=partition))
 
 
 def _teacher_round(cfg: LoopConfig, t: Teacher, h: HarnessTasks, db: str, state: LoopState, tag: str,
