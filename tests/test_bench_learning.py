@@ -64,8 +64,12 @@ def test_report_only_renders_from_a_results_file(tmp_path):
     # [0.19, 0.32] → [0.68, 0.81] (apart) and validity 1.0 has an upper end a rounding error
     # below 1 (the plot must not turn that into a negative error bar)
     def run(seed, after, curve):
+        # the skills apart: grpo's right tool 0.5 → 0.75 ([0.43, 0.57] → [0.68, 0.81], apart), its
+        # right item 0.5 → 0.5
         return {"seed": seed, "before": 0.25, "after": after, "validity_before": 1.0, "validity_after": 1.0,
-                "curve": curve, "train": [0.3, 0.4], "seconds": 100.0}
+                "curve": curve, "train": [0.3, 0.4], "seconds": 100.0,
+                "parts_before": {"right_tool": 0.5, "right_item": 0.5},
+                "parts_after": {"right_tool": after if after > 0.5 else 0.5, "right_item": 0.5}}
 
     results = {"args": {"rounds": 2, "group": 4, "temperature": 0.7, "steps": 8, "batch_size": 32, "lr": 1e-4},
                "harness": "toolbox", "n_eval": 64,
@@ -79,22 +83,32 @@ def test_report_only_renders_from_a_results_file(tmp_path):
     out = done.stdout
     assert "0.250 [0.19, 0.32]" in out and "0.750 [0.68, 0.81]" in out and "0.50 0.75" in out
     for line in ("grpo: above the warm start", "capo: not separated from the warm start",
-                 "grpo vs capo: grpo above capo"):
+                 "grpo vs capo: grpo above capo", "grpo: right tool (action) above the warm start",
+                 "grpo: right item (args) not separated from the warm start",
+                 "capo: right tool (action) not separated from the warm start"):
         assert line in out
+    assert "0.500 [0.43, 0.57]" in out
     png = (tmp_path / "learning.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not (tmp_path / "tiny").exists()  # nothing was built or trained
 
 
-def test_the_warm_start_sees_half_the_items_with_both_training_attributes():
+def test_the_warm_start_sees_every_item_and_half_of_them_with_both_training_attributes():
     from harnessrl.harness_examples.toolbox import tasks as toolbox
 
     share = _learning().sft_share
     train, held = toolbox.generate(0)
-    half = share(train, 16)
-    # 16 items × their 2 training attributes: 32 of RL's 64 training tasks are new to the warm start
+    mixed = share(train, 16)
+    # 16 items × 2 training attributes + 16 items × their first one: 48 tasks, all 32 items, and 16
+    # of RL's 64 training tasks ask an attribute the warm start never saw with that item
+    per_item = {i: sum(t.item == i for t in mixed) for i in {t.item for t in train}}
+    assert len(mixed) == 48 and sorted(per_item.values()) == [1] * 16 + [2] * 16
+    assert {t.id for t in mixed} < {t.id for t in train}
+    once = {t.item for t in mixed if per_item[t.item] == 1}
+    firsts = [next(t for t in train if t.item == i) for i in once]  # the first of each in task order
+    assert {t.id for t in firsts} <= {t.id for t in mixed}
+    half = share(train, 16, others_once=False)
+    # without the others: 16 items × 2, the other 16 items never written by the warm start
     assert len(half) == 32 and len({t.item for t in half}) == 16
-    assert all(sum(t.item == u.item for u in half) == 2 for t in half)
-    assert {t.id for t in half} < {t.id for t in train}
-    assert share(train, 32) == train
-    assert not {t.id for t in half} & {t.id for t in held}
+    assert share(train, 32) == train == share(train, 32, others_once=False)
+    assert not {t.id for t in mixed} & {t.id for t in held}

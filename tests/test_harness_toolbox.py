@@ -178,3 +178,5 @@ def test_a_wrong_item_that_shares_the_answer_value_is_not_a_success(tmp_path, to
             assert result.answer == fitted.value and result.metrics["em"] == 1.0
             assert result.outcome == 0.0 and result.metrics["success"] == 0.0
             assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == 0.0
+            # the two skills apart: the action (tool) was right, the args (item) were not
+            assert (result.metrics["right_tool"], result.metrics["right_item"]) == (1.0, 0.0)

@@ -42,6 +42,9 @@ def test_loop_runs_rounds_and_resumes_after_a_killed_round(tiny_model_dir, tmp_p
     state = _state(out)
     assert [r["round"] for r in state["rounds"]] == [0] and state["attempts"] == 1
     assert (out / "curves.png").stat().st_size > 0
+    # held-out means of the harness's metrics, at the start and after each round
+    assert 0.0 <= state["rounds"][0]["eval_metrics"]["success"] == state["rounds"][0]["eval_success"] <= 1.0
+    assert state["initial_metrics"]["success"] == state["initial_eval"]
     trained = json.loads((out / "round-0-a1" / "train_config.json").read_text())
     assert (trained["ratio_to"], trained["epsilon"], trained["lr"]) == ("behaviour", 0.3, 1e-4)
 

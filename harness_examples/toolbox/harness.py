@@ -20,11 +20,13 @@ class ToolboxConfig:
     temperature: float = 1.0
 
 
-def _tools(table: dict[tuple[str, str], str], answered: list[tuple[str, str]]) -> dict:
-    """The attribute tools over `table`; each call that runs appends its (item, attribute) to
-    `answered`, so the answer's source is known."""
+def _tools(table: dict[tuple[str, str], str], answered: list[tuple[str, str]],
+           tried: list[tuple[str, str]]) -> dict:
+    """The attribute tools over `table`; each call appends its (item, attribute) to `tried`, and
+    each call that runs to `answered`, so the answer's source is known."""
     def getter(attribute: str):
         def get(item: str) -> str:
+            tried.append((item, attribute))
             if (item, attribute) not in table:
                 raise ValueError(f"no item {item!r}")
             answered.append((item, attribute))
@@ -47,9 +49,10 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "toolbox"}) as ro:
         counts = {"tool_calls": 0, "tool_errors": 0, "worker_calls": 0}
         answered: list[tuple[str, str]] = []  # (item, attribute) of every tool call that ran
+        tried: list[tuple[str, str]] = []  # ... and of every attribute tool call made
         if not task.delegate:
             with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
-                answer, error, c = tool_loop(client, cfg.model, task.messages(), TOOLS, _tools(table, answered), **loop)
+                answer, error, c = tool_loop(client, cfg.model, task.messages(), TOOLS, _tools(table, answered, tried), **loop)
             counts.update(c)
         else:
             def ask_worker(question: str) -> str:
@@ -57,7 +60,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                 messages = [task.worker_messages()[0], {"role": "user", "content": question}]
                 with make_client(ro.base_url("worker"), f"hrl-{ro.id}-worker",
                                  {"X-HarnessRL-Session": f"worker-{counts['worker_calls']}"}) as worker:
-                    reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table, answered), **loop)
+                    reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table, answered, tried), **loop)
                 counts["tool_calls"] += c["tool_calls"]
                 counts["tool_errors"] += c["tool_errors"]
                 if not reply:
@@ -77,4 +80,8 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
         # enough: there are 6 values per attribute, so a wrong item would share it ~1 time in 6.
         success = float(em == 1.0 and bool(answered) and answered[-1] == (task.item, task.attribute))
         ro.reward(success)
-        return RolloutResult(ro.id, task.id, success, answer, {"em": em, "success": success, **counts}, error)
+        # The two skills apart (action: which tool; args: which item), from the first attribute call
+        first = tried[0] if tried else None
+        parts = {"right_tool": float(first is not None and first[1] == task.attribute),
+                 "right_item": float(first is not None and first[0] == task.item)}
+        return RolloutResult(ro.id, task.id, success, answer, {"em": em, "success": success, **parts, **counts}, error)

@@ -94,6 +94,7 @@ class RoundRow:
     version: str
     checkpoint: str
     eval_validity: float = 0.0  # tool-call validity on the held-out tasks
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # means of the harness's metrics, held out
 
 
 @dataclass
@@ -103,6 +104,7 @@ class LoopState:
     initial_eval: float | None = None
     teacher: dict[str, Any] | None = None  # the finished warm-up round: run tag, traces, checkpoint
     initial_validity: float | None = None  # held-out tool-call validity at the start
+    initial_metrics: dict[str, float] | None = None  # held-out means of the harness's metrics at the start
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -125,6 +127,16 @@ def _summary(results: list[Any]) -> tuple[float, float, float]:
     calls = sum(r.metrics.get("tool_calls", 0) for r in results)
     errors = sum(r.metrics.get("tool_errors", 0) for r in results)
     return reward, success, (calls - errors) / calls if calls else 0.0
+
+
+def _means(results: list[Any]) -> dict[str, float]:
+    """Each metric the harness reported, averaged over the rollouts that report it."""
+    values: dict[str, list[float]] = {}
+    for r in results:
+        for k, v in getattr(r, "metrics", {}).items():
+            if isinstance(v, (int, float)):
+                values.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
 def _rollouts(h: HarnessTasks, url: str, tasks: list[Any], group: int, run_tag: str, temperature: float,
@@ -173,6 +185,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
         if state.initial_eval is None:
             results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
             _, state.initial_eval, state.initial_validity = _summary(results)
+            state.initial_metrics = _means(results)
             state.save(state_path)
         for r in range(len(state.rounds), cfg.rounds):
             started = time.perf_counter()
@@ -199,7 +212,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             _, held_success, held_validity = _summary(held)
             row = RoundRow(r, reward, success, validity, held_success, int(totals.get("tokens_recorded", 0)),
                            int(totals.get("samples", 0)), time.perf_counter() - started, version,
-                           str(result.checkpoint), held_validity)
+                           str(result.checkpoint), held_validity, _means(held))
             state.rounds.append(asdict(row))
             state.model = str(result.checkpoint)
             state.save(state_path)
