@@ -8,24 +8,24 @@ held-out tasks per seed, held-out ones being new tool × item combinations; each
 draws a fresh world (values), so a remembered value never pays, and the evaluation keeps the
 seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
-Per seed: one SFT warm start on the expert traces of half the items' training tasks (16 items ×
-2 attributes, `--sft-items`; the same for every algorithm; reused from an earlier run in the same
---out), so RL trains on 32 tasks the warm start was fitted on and 32 it was not; from it, each
-algorithm runs `harnessrl loop` with the same rounds, group, sampling temperature, optimizer
-steps, batch size and learning rate (the same compute); greedy evaluation on the 64 held-out
-tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled
-seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts of
-each algorithm against the warm start and of each pair of algorithms (apart only when the
-intervals do not overlap); a plot. Everything reported is read back from --out/results.json, so
-`--report-only` renders it again without training.
+Per seed: one SFT warm start (the same for every algorithm; reused from an earlier run in the
+same --out) on the expert traces of every item's first training task and of 16 items' second one
+(`--sft-items`, `--sft-others`; `sft_share` says why), so RL trains on 48 tasks the warm start was
+fitted on and 16 whose attribute it never saw with that item; from it, each algorithm runs
+`harnessrl loop` with the same rounds, group, sampling temperature, optimizer steps (default: every
+rollout once), batch size, learning rate and trainer options (`--ratio-to`, `--beta`): the same
+compute; greedy evaluation on the 64 held-out tasks before and after. Reported: mean over seeds
+with a 95% interval (Wilson, over the pooled seed × task outcomes) of held-out success and
+tool-call validity, before and after; verdicts of each algorithm against the warm start and of
+each pair of algorithms (apart only when the intervals do not overlap); the same for the two
+skills apart, the first call's tool (action) and item (args); a plot. Everything reported is read
+back from --out/results.json, so `--report-only` renders it again without training.
 
-    python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 2 rounds
+    python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 5 rounds
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
     python bench/learning.py --report-only --out DIR           # table, verdicts, plot from DIR/results.json
 
-Time on this 2-core machine (the full configuration, measured): building the 128-wide, 4-layer
-tiny model 32 s; a warm start (800 SFT steps) 232–337 s per seed; one algorithm's 2 rounds (256
-rollouts, 8 × 32-sample steps and 64 greedy held-out rollouts a round) 103–244 s; 44 min in all.
+Time on this 2-core machine: README › Benchmarks › Learning.
 """
 
 from __future__ import annotations

@@ -104,12 +104,30 @@ def test_ratio_to_behaviour_clips_against_the_recorded_sampling_logprob(graded, 
     assert recorded > 50 and clipped > 0 and unrecorded > 0
 
 
-def test_unknown_ratio_to_is_a_user_error():
+def test_unknown_ratio_to_or_optimizer_is_a_user_error():
     from harnessrl.errors import UserError
     from harnessrl.trainer.config import TrainConfig
 
     with pytest.raises(UserError, match="ratio_to"):
         TrainConfig(ratio_to="rollout").validate()
+    with pytest.raises(UserError, match="optim"):
+        TrainConfig(optim="adam_typo").validate()
+
+
+def test_sgd_moves_each_parameter_in_proportion_to_its_gradient(graded, tiny_model_dir):
+    # optim=sgd, lr 0.5, no momentum: after one step every parameter moved by exactly −0.5·g
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, graded, optim="sgd", lr=0.5, steps=1)
+    tr.create_optimizer_and_scheduler(num_training_steps=1)
+    assert type(tr.optimizer.optimizer if hasattr(tr.optimizer, "optimizer") else tr.optimizer) is torch.optim.SGD
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    tr.model.train()
+    tr.objective(tr.model, tr.fixed_batch())["loss"].backward()
+    grads = {n: p.grad.detach().clone() for n, p in tr.model.named_parameters() if p.grad is not None}
+    tr.optimizer.step()
+    assert len(grads) > 10
+    for n, p in tr.model.named_parameters():
+        if n in grads:
+            assert torch.allclose(p.detach(), before[n] - 0.5 * grads[n], atol=1e-7), n
 
 
 def test_logps_under_left_padding_equal_unpadded_forward(graded, tiny_model_dir):

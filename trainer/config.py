@@ -26,6 +26,9 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 1e-6
     weight_decay: float = 0.0
+    # transformers' `optim` (adamw_torch, sgd, ...). Adam moves every parameter by about lr at a round's
+    # first steps whatever its gradient; sgd moves each in proportion to it (needs a far larger lr)
+    optim: str = "adamw_torch"
     epsilon: float = 0.2  # ε_lo
     epsilon_high: float | None = None  # ε_hi; None = ε_lo
     beta: float | None = None  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
@@ -70,6 +73,10 @@ class TrainConfig:
         get_algorithm(self.algo)  # a clear error naming the choices
         if self.loss_agg not in LOSS_AGGS:
             raise UserError(f"unknown --loss-agg {self.loss_agg!r}; choose one of {', '.join(LOSS_AGGS)}")
+        from transformers.training_args import OptimizerNames
+
+        if self.optim not in {o.value for o in OptimizerNames}:
+            raise UserError(f"unknown optim {self.optim!r} (transformers' optimizer names, e.g. adamw_torch, sgd)")
         if self.ratio_to not in RATIO_TO:
             raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
         if self.algo == "matpo" and self.loss_agg != "token_mean":

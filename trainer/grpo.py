@@ -37,6 +37,7 @@ def grpo_args(cfg: TrainConfig, n_samples: int, **extra: Any) -> GRPOConfig:
         max_steps=cfg.steps,
         learning_rate=cfg.lr,
         weight_decay=cfg.weight_decay,
+        optim=cfg.optim,
         lr_scheduler_type="constant",
         warmup_steps=0,
         per_device_train_batch_size=per_device,
