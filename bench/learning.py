@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--ratio-to", choices=("behaviour", "step"), default="behaviour",
-                    help="logp_old of the clipped ratio (trainer option ratio_to, docs/methods.md §6)")
+                    help="logp_old of the clipped ratio (trainer option ratio_to, docs/methods.md §6; pact: step)")
     ap.add_argument("--beta", type=float, default=None, help="KL coefficient (trainer default when unset)")
     args = ap.parse_args()
     if args.steps is None:
@@ -138,8 +138,7 @@ def _train(args: argparse.Namespace) -> None:
     harness = "toolbox_delegate" if args.delegate else "toolbox"
     algos, seeds = args.algos.split(","), [int(s) for s in args.seeds.split(",")]
     runs: dict[str, list[dict]] = {a: [] for a in algos}
-    train_config = out / "train.yaml"  # trainer options of every round beyond the loop's flags
-    train_config.write_text(f"ratio_to: {args.ratio_to}\n" + (f"beta: {args.beta}\n" if args.beta is not None else ""))
+
     n_eval = 0
     for seed in seeds:
         train, held = toolbox.generate(seed, args.delegate)
@@ -153,6 +152,7 @@ def _train(args: argparse.Namespace) -> None:
         for algo in algos:
             t = time.perf_counter()
             shutil.rmtree(out / f"{algo}-{seed}", ignore_errors=True)
+            train_config = _train_options(out / f"train-{algo}.yaml", algo, args)
             state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group,
                                         model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
                                         batch_size=args.batch_size, lr=args.lr, temperature=args.temperature,
@@ -200,6 +200,14 @@ def report(out: Path, console: Console) -> None:
         _parts(runs, n_eval, console)
     _plot(summary, out / "learning.png", results["harness"])
     console.print(f"results in {out}/results.json, plot {out}/learning.png")
+
+
+def _train_options(path: Path, algo: str, args: argparse.Namespace) -> Path:
+    """The trainer options beyond the loop's flags, as a --train-config file. PACT keeps
+    ratio_to: step (its trace rows are scored under another context than they were sampled in)."""
+    ratio_to = "step" if algo == "pact" else args.ratio_to
+    path.write_text(f"ratio_to: {ratio_to}\n" + (f"beta: {args.beta}\n" if args.beta is not None else ""))
+    return path
 
 
 def _parts(runs: dict[str, list[dict]], n_eval: int, console: Console) -> None:

@@ -112,6 +112,8 @@ def test_unknown_ratio_to_or_optimizer_is_a_user_error():
         TrainConfig(ratio_to="rollout").validate()
     with pytest.raises(UserError, match="optim"):
         TrainConfig(optim="adam_typo").validate()
+    with pytest.raises(UserError, match="pact"):
+        TrainConfig(algo="pact", ratio_to="behaviour").validate()
 
 
 def test_sgd_moves_each_parameter_in_proportion_to_its_gradient(graded, tiny_model_dir):

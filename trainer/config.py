@@ -35,11 +35,11 @@ class TrainConfig:
     loss_agg: str = "token_mean"  # over the whole optimizer step (trainer/normalise.py)
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
+    tis_cap: float = 2.0
     # logp_old of the ratio: "step" = the policy at the start of each optimizer step (docs/methods.md
     # §6, TRL's); "behaviour" = the recorded sampling log-probs, so the ε clip bounds how far all of a
     # round's steps move each sampled token from the policy that sampled it (PPO's trust region)
     ratio_to: str = "step"
-    tis_cap: float = 2.0
     seed: int = 0
     lora: bool = False
     lora_r: int = 16
@@ -79,6 +79,9 @@ class TrainConfig:
             raise UserError(f"unknown optim {self.optim!r} (transformers' optimizer names, e.g. adamw_torch, sgd)")
         if self.ratio_to not in RATIO_TO:
             raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
+        if self.ratio_to == "behaviour" and self.algo == "pact":
+            # PACT's trace rows are scored under c^h, not under the context they were sampled in
+            raise UserError("ratio_to: behaviour is for grpo, capo and matpo; pact's logp_old is under c^h (§6.4)")
         if self.algo == "matpo" and self.loss_agg != "token_mean":
             raise UserError("matpo uses token_mean aggregation over the augmented batch (docs/methods.md §6.3)")
         if self.algo == "capo" and not self.partition:
