@@ -71,10 +71,9 @@ def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None,
             app.api.mount(path, sub)
         uvicorn.Server(_uvicorn_config(app, cfg, log_config)).run(sockets=[sock])
 
-    if cfg.workers > 1:
+    if cfg.workers > 1:  # cfg was checked by the caller (the CLI), so a refused setting never forks
         from harnessrl.proxy.workers import serve_workers
 
-        cfg.check()
         serve_workers(cfg, run_one, _bind(cfg.host, cfg.port))
     else:
         run_one(_bind(cfg.host, cfg.port))

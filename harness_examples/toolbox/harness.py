@@ -20,16 +20,14 @@ class ToolboxConfig:
     temperature: float = 1.0
 
 
-def _tools(table: dict[tuple[str, str], str], answered: list[tuple[str, str]],
-           tried: list[tuple[str, str]]) -> dict:
-    """The attribute tools over `table`; each call appends its (item, attribute) to `tried`, and
-    each call that runs to `answered`, so the answer's source is known."""
+def _tools(table: dict[tuple[str, str], str], tried: list[tuple[str, str]]) -> dict:
+    """The attribute tools over `table`; each call appends its (item, attribute) to `tried`, so
+    the answer's source is known (the calls that ran are those whose pair is in `table`)."""
     def getter(attribute: str):
         def get(item: str) -> str:
             tried.append((item, attribute))
             if (item, attribute) not in table:
                 raise ValueError(f"no item {item!r}")
-            answered.append((item, attribute))
             return table[(item, attribute)]
         return get
 
@@ -48,11 +46,10 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "toolbox"}) as ro:
         counts = {"tool_calls": 0, "tool_errors": 0, "worker_calls": 0}
-        answered: list[tuple[str, str]] = []  # (item, attribute) of every tool call that ran
-        tried: list[tuple[str, str]] = []  # ... and of every attribute tool call made
+        tried: list[tuple[str, str]] = []  # (item, attribute) of every attribute tool call made
         if not task.delegate:
             with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
-                answer, error, c = tool_loop(client, cfg.model, task.messages(), TOOLS, _tools(table, answered, tried), **loop)
+                answer, error, c = tool_loop(client, cfg.model, task.messages(), TOOLS, _tools(table, tried), **loop)
             counts.update(c)
         else:
             def ask_worker(question: str) -> str:
@@ -60,7 +57,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                 messages = [task.worker_messages()[0], {"role": "user", "content": question}]
                 with make_client(ro.base_url("worker"), f"hrl-{ro.id}-worker",
                                  {"X-HarnessRL-Session": f"worker-{counts['worker_calls']}"}) as worker:
-                    reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table, answered, tried), **loop)
+                    reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table, tried), **loop)
                 counts["tool_calls"] += c["tool_calls"]
                 counts["tool_errors"] += c["tool_errors"]
                 if not reply:
@@ -78,6 +75,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
         # Success is the right tool called with the right item, the call whose result is the
         # answer (the last that ran: the first one ends the episode). The value alone is not
         # enough: there are 6 values per attribute, so a wrong item would share it ~1 time in 6.
+        answered = [pair for pair in tried if pair in table]  # the calls that ran
         success = float(em == 1.0 and bool(answered) and answered[-1] == (task.item, task.attribute))
         ro.reward(success)
         # The two skills apart (action: which tool; args: which item), from the first attribute call
