@@ -104,6 +104,32 @@ def test_ratio_to_behaviour_clips_against_the_recorded_sampling_logprob(graded, 
     assert recorded > 50 and clipped > 0 and unrecorded > 0
 
 
+def test_negative_weight_scales_only_negative_advantages(graded, tiny_model_dir):
+    # negative_weight w: A < 0 becomes w·A, A ≥ 0 stays. At the step's start ρ = 1, so the per-token
+    # loss is −A' exactly: e.g. A = −0.5, w = 0.25 → 0.125; A = +0.5 → −0.5. The gradient of a
+    # negative token is w times what it is at w = 1 (here ∂loss/∂logp = −A' at ρ = 1).
+    full = make_trainer(HarnessTrainer, tiny_model_dir, graded)
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, graded, negative_weight=0.25)
+    batch = tr.fixed_batch()
+    logps = start_logps(tr, batch).clone().requires_grad_(True)
+    per_token, _ = tr.per_token_loss(logps, batch)
+    per_token[batch["loss_mask"] > 0].sum().backward()
+    ref_logps = logps.detach().clone().requires_grad_(True)
+    ref, _ = full.per_token_loss(ref_logps, batch)
+    ref[batch["loss_mask"] > 0].sum().backward()
+    mask, adv = batch["loss_mask"] > 0, batch["advantages"]
+    seen = {"neg": 0, "pos": 0}
+    for i, j in mask.nonzero().tolist():
+        a = float(adv[i, j])
+        if a == 0:
+            continue
+        w = 0.25 if a < 0 else 1.0
+        assert float(per_token.detach()[i, j]) == pytest.approx(-w * a, abs=1e-6)
+        assert float(logps.grad[i, j]) == pytest.approx(w * float(ref_logps.grad[i, j]), abs=1e-7)
+        seen["neg" if a < 0 else "pos"] += 1
+    assert seen["neg"] > 10 and seen["pos"] > 10
+
+
 def test_unknown_ratio_to_or_optimizer_is_a_user_error():
     from harnessrl.errors import UserError
     from harnessrl.trainer.config import TrainConfig
@@ -114,6 +140,8 @@ def test_unknown_ratio_to_or_optimizer_is_a_user_error():
         TrainConfig(optim="adam_typo").validate()
     with pytest.raises(UserError, match="pact"):
         TrainConfig(algo="pact", ratio_to="behaviour").validate()
+    with pytest.raises(UserError, match="negative_weight"):
+        TrainConfig(negative_weight=-0.5).validate()
 
 
 def test_sgd_moves_each_parameter_in_proportion_to_its_gradient(graded, tiny_model_dir):

@@ -40,6 +40,10 @@ class TrainConfig:
     # §6, TRL's); "behaviour" = the recorded sampling log-probs, so the ε clip bounds how far all of a
     # round's steps move each sampled token from the policy that sampled it (PPO's trust region)
     ratio_to: str = "step"
+    # scale of negative advantages (1 = the method's loss). A negative advantage pushes its sampled
+    # tokens down and their mass onto tokens nobody sampled (in a tiny policy: invalid tool names);
+    # below 1 the round learns mostly from what worked. 0 keeps only positive advantages
+    negative_weight: float = 1.0
     seed: int = 0
     lora: bool = False
     lora_r: int = 16
@@ -82,6 +86,8 @@ class TrainConfig:
         if self.ratio_to == "behaviour" and self.algo == "pact":
             # PACT's trace rows are scored under c^h, not under the context they were sampled in
             raise UserError("ratio_to: behaviour is for grpo, capo and matpo; pact's logp_old is under c^h (§6.4)")
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise UserError(f"negative_weight must be in [0, 1], got {self.negative_weight}")
         if self.algo == "matpo" and self.loss_agg != "token_mean":
             raise UserError("matpo uses token_mean aggregation over the augmented batch (docs/methods.md §6.3)")
         if self.algo == "capo" and not self.partition:

@@ -155,7 +155,10 @@ class HarnessTrainer(GRPOTrainer):
         if self.cfg.ratio_to == "behaviour":
             behaviour = inputs["behaviour_logps"]
             old = torch.where(torch.isnan(behaviour), old, behaviour)  # unknown where the server sent none
-        loss = clipped_surrogate(logps, old, inputs["advantages"], self.epsilon_low, self.epsilon_high)
+        adv = inputs["advantages"]
+        if self.cfg.negative_weight != 1.0:
+            adv = torch.where(adv < 0, adv * self.cfg.negative_weight, adv)
+        loss = clipped_surrogate(logps, old, adv, self.epsilon_low, self.epsilon_high)
         if self.cfg.tis:
             loss = loss * tis_weight(old, inputs["behaviour_logps"], self.cfg.tis_cap)
         if self.beta != 0.0:
