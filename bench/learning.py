@@ -8,18 +8,19 @@ held-out tasks per seed, held-out ones being new tool × item combinations; each
 draws a fresh world (values), so a remembered value never pays, and the evaluation keeps the
 seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
-Per seed: one SFT warm start (the same for every algorithm; reused from an earlier run in the
-same --out) on the expert traces of every item's first training task and of 16 items' second one
+Per seed: one SFT warm start (the same for every algorithm; reused from an earlier run in the same
+--out) on the expert traces of every item's first training task and of 16 items' second one
 (`--sft-items`, `--sft-others`; `sft_share` says why), so RL trains on 48 tasks the warm start was
 fitted on and 16 whose attribute it never saw with that item; from it, each algorithm runs
 `harnessrl loop` with the same rounds, group, sampling temperature, optimizer steps (default: every
-rollout once), batch size, learning rate and trainer options (`--ratio-to`, `--beta`): the same
-compute; greedy evaluation on the 64 held-out tasks before and after. Reported: mean over seeds
-with a 95% interval (Wilson, over the pooled seed × task outcomes) of held-out success and
-tool-call validity, before and after; verdicts of each algorithm against the warm start and of
-each pair of algorithms (apart only when the intervals do not overlap); the same for the two
-skills apart, the first call's tool (action) and item (args); a plot. Everything reported is read
-back from --out/results.json, so `--report-only` renders it again without training.
+rollout once), batch size, learning rate and trainer options (`--ratio-to`, `--beta`,
+`--negative-weight`): the same compute; greedy evaluation on the 64 held-out tasks before and
+after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled seed × task outcomes)
+of held-out success and tool-call validity, before and after; verdicts of each algorithm against
+the warm start and of each pair of algorithms (apart only when the intervals do not overlap); the
+same for the two skills apart, the first call's tool (action) and item (args); a plot. Everything
+reported is read back from --out/results.json, so `--report-only` renders it again without
+training.
 
     python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 5 rounds
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--ratio-to", choices=("behaviour", "step"), default="behaviour",
                     help="logp_old of the clipped ratio (trainer option ratio_to, docs/methods.md §6; pact: step)")
     ap.add_argument("--beta", type=float, default=None, help="KL coefficient (trainer default when unset)")
+    ap.add_argument("--negative-weight", type=float, default=1.0,
+                    help="scale of negative advantages (trainer option negative_weight; 1: the methods' loss)")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = max(1, args.group * 64 // args.batch_size)
@@ -181,7 +184,7 @@ def report(out: Path, console: Console) -> None:
     table = Table(title=f"{results['harness']}: held-out success and tool-call validity (greedy, {n_eval} tasks × "
                         f"{len(seeds)} seeds; mean [95% interval]); {a['rounds']} rounds, group {a['group']}, "
                         f"temperature {a['temperature']}, {a['steps']}×{a['batch_size']} samples/round, lr {a['lr']}, "
-                        f"ratio to {a.get('ratio_to', 'step')}")
+                        f"ratio to {a.get('ratio_to', 'step')}, negative weight {a.get('negative_weight', 1.0)}")
     for col in ("algo", "success before", "success after", "validity before", "validity after",
                 "held-out per round", "s per run"):
         table.add_column(col)
@@ -206,7 +209,8 @@ def _train_options(path: Path, algo: str, args: argparse.Namespace) -> Path:
     """The trainer options beyond the loop's flags, as a --train-config file. PACT keeps
     ratio_to: step (its trace rows are scored under another context than they were sampled in)."""
     ratio_to = "step" if algo == "pact" else args.ratio_to
-    path.write_text(f"ratio_to: {ratio_to}\n" + (f"beta: {args.beta}\n" if args.beta is not None else ""))
+    path.write_text(f"ratio_to: {ratio_to}\nnegative_weight: {args.negative_weight}\n"
+                    + (f"beta: {args.beta}\n" if args.beta is not None else ""))
     return path
 
 
