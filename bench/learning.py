@@ -8,19 +8,28 @@ held-out tasks per seed, held-out ones being new tool × item combinations; each
 draws a fresh world (values), so a remembered value never pays, and the evaluation keeps the
 seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
+The warm start imitates an inconsistent expert (`--confuse`, default size → color and owner →
+city): each training task is in its data `--expert-traces` times (3), and where the expert confuses
+the asked tool, only `--expert-right` (1) of those lines call it, the others the confused tool. A
+policy fitted on that keeps the mix for those questions: greedy it calls the confused tool, on
+held-out tasks as on training ones, while sampling finds the right one a third of the time. That
+is what RL from an outcome reward is for, and what it can carry to held-out tasks (a rule of the
+question's attribute word, not of a task). Its data also holds a copy drill (`find(item)` over
+every item, `--copy-drill`): the tiny model has no pretrained copying, and without it the warm start
+writes an item remembered with the tool, wrong on almost every held-out combination, whatever the
+tool (README › Benchmarks › Learning has the runs that showed it). `--confuse none` is a faithful
+expert (then `--sft-items`/`--sft-others`, `sft_share`, choose what it was fitted on).
+
 Per seed: one SFT warm start (the same for every algorithm; reused from an earlier run in the same
---out) on the expert traces of every item's first training task and of 16 items' second one
-(`--sft-items`, `--sft-others`; `sft_share` says why), so RL trains on 48 tasks the warm start was
-fitted on and 16 whose attribute it never saw with that item; from it, each algorithm runs
-`harnessrl loop` with the same rounds, group, sampling temperature, optimizer steps (default: every
-rollout once), batch size, learning rate and trainer options (`--ratio-to`, `--beta`,
-`--negative-weight`): the same compute; greedy evaluation on the 64 held-out tasks before and
-after. Reported: mean over seeds with a 95% interval (Wilson, over the pooled seed × task outcomes)
-of held-out success and tool-call validity, before and after; verdicts of each algorithm against
-the warm start and of each pair of algorithms (apart only when the intervals do not overlap); the
-same for the two skills apart, the first call's tool (action) and item (args); a plot. Everything
-reported is read back from --out/results.json, so `--report-only` renders it again without
-training.
+--out); from it, each algorithm runs `harnessrl loop` with the same rounds, group, sampling
+temperature, optimizer steps (default: every rollout once), batch size, learning rate and trainer
+options (`--ratio-to`, `--beta`, `--negative-weight`): the same compute; greedy evaluation on the
+64 held-out tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the
+pooled seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts
+of each algorithm against the warm start and of each pair of algorithms (apart only when the
+intervals do not overlap); the same for the two skills apart, the first call's tool (action) and
+item (args); a plot. Everything reported is read back from --out/results.json, so `--report-only`
+renders it again without training.
 
     python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 5 rounds
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
@@ -100,9 +109,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the training rollouts")
-    ap.add_argument("--sft-steps", type=int, default=800)
+    ap.add_argument("--sft-steps", type=int, default=1000)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
-    ap.add_argument("--sft-items", type=int, default=16,
+    ap.add_argument("--confuse", default="size:color,owner:city",
+                    help="the warm start's expert mixes up these tools, asked:called pairs (none: a faithful expert)")
+    ap.add_argument("--expert-traces", type=int, default=3, help="expert lines per training task")
+    ap.add_argument("--expert-right", type=int, default=1,
+                    help="of them, how many call the right tool where the expert confuses it")
+    ap.add_argument("--copy-drill", type=int, default=1,
+                    help="times the copy drill (find(item) over every item, two phrasings) is in the warm start's data")
+    ap.add_argument("--sft-items", type=int, default=32,
                     help="items both of whose training tasks the warm start is fitted on (of 32; 32: all, and "
                          "RL then has only tasks the warm start was fitted on)")
     ap.add_argument("--sft-others", choices=("one", "none"), default="one",
@@ -146,8 +162,10 @@ def _train(args: argparse.Namespace) -> None:
     for seed in seeds:
         train, held = toolbox.generate(seed, args.delegate)
         n_eval = len(held)
-        train_file = toolbox.write(sft_share(train, args.sft_items, args.sft_others == "one"), out / f"sft-{seed}.jsonl",
-                                   sft=True)
+        rows = warm_start_rows(toolbox, sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed),
+                               args)
+        train_file = out / f"sft-{seed}.jsonl"
+        train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
         t = time.perf_counter()
         warm = _warm_start(out / f"warm-{seed}", SftConfig(tasks=str(train_file), model=base, out="",
                                                           steps=args.sft_steps, lr=args.sft_lr, seed=seed), sft)
@@ -232,6 +250,25 @@ def _parts(runs: dict[str, list[dict]], n_eval: int, console: Console) -> None:
     console.print(table)
     for line in lines:
         console.print(f"  {line}")
+
+
+def confusions(spec: str) -> dict[str, str]:
+    """--confuse "size:color,owner:city" → {"size": "color", "owner": "city"}; "none" → {}."""
+    if spec == "none":
+        return {}
+    try:
+        return dict(pair.split(":") for pair in spec.split(","))
+    except ValueError:
+        raise SystemExit(f"--confuse {spec!r}: give asked:called pairs, e.g. size:color,owner:city, or none") from None
+
+
+def warm_start_rows(toolbox, tasks: list, table: dict, args: argparse.Namespace) -> list[dict]:
+    """The warm start's SFT lines: the (inconsistent) expert's on `tasks`, and the copy drill."""
+    try:
+        rows = toolbox.inconsistent_expert(tasks, table, confusions(args.confuse), args.expert_traces, args.expert_right)
+    except ValueError as exc:
+        raise SystemExit(f"--confuse/--expert-traces/--expert-right: {exc}") from None
+    return rows + toolbox.copy_drill() * args.copy_drill
 
 
 def sft_share(train: list, items: int, others_once: bool = True) -> list:

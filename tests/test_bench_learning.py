@@ -112,3 +112,25 @@ def test_the_warm_start_sees_every_item_and_half_of_them_with_both_training_attr
     assert len(half) == 32 and len({t.item for t in half}) == 16
     assert share(train, 32) == train == share(train, 32, others_once=False)
     assert not {t.id for t in mixed} & {t.id for t in held}
+
+
+def test_the_warm_start_data_is_the_inconsistent_experts_lines_and_the_copy_drill():
+    import argparse
+
+    from harnessrl.harness_examples.toolbox import tasks as toolbox
+
+    learning = _learning()
+    assert learning.confusions("size:color,owner:city") == {"size": "color", "owner": "city"}
+    assert learning.confusions("none") == {}
+    with pytest.raises(SystemExit, match="--confuse"):
+        learning.confusions("size")
+    train, _ = toolbox.generate(0)
+    args = argparse.Namespace(confuse="size:color", expert_traces=3, expert_right=1, copy_drill=2)
+    rows = learning.warm_start_rows(toolbox, train, toolbox.world(0), args)
+    drill = [r for r in rows if r["meta"]["harness"] == "copy-drill"]
+    assert len(rows) == 3 * 64 + len(drill) and len(drill) == 2 * 2 * len(toolbox.ITEMS)
+    sizes = [r for r in rows if r["meta"].get("attribute") == "size"]
+    called = [r["expert_trace"][0]["tool_calls"][0]["function"]["name"] for r in sizes]
+    assert len(sizes) == 3 * sum(t.attribute == "size" for t in train) and called.count("get_size") * 3 == len(called)
+    with pytest.raises(SystemExit, match="--confuse"):
+        learning.warm_start_rows(toolbox, train, toolbox.world(0), argparse.Namespace(**{**vars(args), "confuse": "size:mass"}))

@@ -45,6 +45,35 @@ def test_rows_carry_the_right_call_and_delegated_sft_adds_the_workers(tmp_path):
     assert worker["tools"] == toolbox.TOOLS and worker["input"][1]["content"] == d_train[0].question
 
 
+@pytest.mark.unit
+def test_inconsistent_expert_mixes_the_confused_tool_into_each_confused_task(tmp_path):
+    train, _ = toolbox.generate(0)
+    table = toolbox.world(0)
+    rows = toolbox.inconsistent_expert(train, table, {"size": "color"}, traces=3, right=1)
+    assert len(rows) == 3 * 64
+    for t in train:
+        mine = [r for r in rows if r["id"] == t.id]
+        calls = [r["expert_trace"][0]["tool_calls"][0]["function"] for r in mine]
+        assert all(json.loads(c["arguments"]) == {"item": t.item} for c in calls)
+        # every line is a real episode: the called tool's result is that attribute's value in the world
+        called = [c["name"].removeprefix("get_") for c in calls]
+        assert [r["expert_trace"][1]["content"] for r in mine] == [table[(t.item, a)] for a in called]
+        assert called == ([t.attribute, "color", "color"] if t.attribute == "size" else [t.attribute] * 3)
+        # the reference stays the right call: only the demonstration is wrong
+        assert all(r["reference_calls"][0]["name"] == f"get_{t.attribute}" for r in mine)
+    d_train, _ = toolbox.generate(0, delegate=True)
+    d_rows = toolbox.inconsistent_expert(d_train[:2], table, {"size": "color"}, traces=2, right=1)
+    assert [r["tools"] for r in d_rows] == [toolbox.TOOLS] * 2 + [[toolbox.ASK_WORKER]] + [toolbox.TOOLS] * 2 + [[toolbox.ASK_WORKER]]
+    with pytest.raises(ValueError):
+        toolbox.inconsistent_expert(train, table, {"size": "weight"})
+    drill = toolbox.copy_drill()
+    assert len(drill) == 2 * len(toolbox.ITEMS)
+    for r in drill:
+        call = r["expert_trace"][0]["tool_calls"][0]["function"]
+        assert call["name"] == "find" and json.loads(call["arguments"]) == {"item": r["meta"]["item"]}
+        assert r["meta"]["item"] in r["input"][1]["content"]
+
+
 @pytest.mark.parametrize("name,agent", [("toolbox", "agent"), ("toolbox_delegate", "planner")])
 def test_toolbox_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent):
     from harnessrl.proxy.server import ProxyConfig, run_proxy

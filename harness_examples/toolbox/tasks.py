@@ -68,12 +68,12 @@ class ToolboxTask:
     def tools(self) -> list[dict[str, Any]]:
         return [ASK_WORKER] if self.delegate else TOOLS
 
-    def _trace(self, name: str, args: dict[str, str]) -> list[dict[str, Any]]:
+    def _trace(self, name: str, args: dict[str, str], result: str | None = None) -> list[dict[str, Any]]:
         """The call and its result, and no final reply: the episode ends at the first tool call
         that runs, so a trained answer turn would be one the policy never reaches."""
         call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         return [{"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_0", "content": self.value}]
+                {"role": "tool", "tool_call_id": "call_0", "content": self.value if result is None else result}]
 
     def reference_call(self) -> tuple[str, dict[str, str]]:
         return ("ask_worker", {"question": self.question}) if self.delegate else (f"get_{self.attribute}",
@@ -128,6 +128,47 @@ def write(tasks: list[ToolboxTask], path: str | Path, sft: bool = False) -> Path
     rows = [t.row() for t in tasks] + ([t.worker_row() for t in tasks if t.delegate] if sft else [])
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def inconsistent_expert(tasks: list[ToolboxTask], table: dict[tuple[str, str], str], confusions: dict[str, str],
+                        traces: int = 3, right: int = 1) -> list[dict[str, Any]]:
+    """SFT lines of an expert that mixes up tools: `traces` lines per task; for a task asking an
+    attribute in `confusions` (asked → called), `right` of them call the asked attribute's tool
+    and the others the confused one's (its result that attribute's value, so the line is a real
+    episode); every other task's lines call the right tool. With the same task both ways in the
+    data, a model fitted on it keeps the mix as its policy for that question (it cannot remember
+    which one a task had), so its greedy choice is the confused tool and its sampled one is right
+    `right/traces` of the time. Delegated tasks: the worker's lines carry the mix."""
+    unknown = [a for pair in confusions.items() for a in pair if a not in ATTRIBUTES]
+    if unknown or not 0 <= right <= traces:
+        raise ValueError(f"confusions must map attributes to attributes ({unknown}) and 0 ≤ right ≤ traces")
+    rows = []
+    for t in tasks:
+        solo = ToolboxTask(t.id + "/worker" if t.delegate else t.id, t.item, t.attribute, t.value)
+        for k in range(traces):
+            called = confusions.get(t.attribute, t.attribute) if k >= right else t.attribute
+            rows.append({**solo.row(), "expert_trace": solo._trace(f"get_{called}", {"item": t.item},
+                                                                    table[(t.item, called)])})
+        if t.delegate:
+            rows.append(t.row())
+    return rows
+
+
+def copy_drill(items: list[str] | None = None) -> list[dict[str, Any]]:
+    """SFT lines that only copy a name into a call's argument: `find(item)` for each item, asked
+    two ways. A pretrained LLM brings this skill; the tiny model does not, and without it the
+    toolbox warm start writes an item remembered with the tool instead of the question's (on
+    held-out combinations almost never the right one), a failure no tool choice can mend."""
+    find = tool_schema("find", "item", "Find an item.")
+    rows = []
+    for item in items or ITEMS:
+        for k, question in enumerate((f"Find the {item}.", f"Where is the {item}?")):
+            task = ToolboxTask(f"copy-{item}-{k}", item, "", "found")
+            rows.append({"id": task.id, "input": [{"role": "system", "content": "Call find with the item."},
+                                                  {"role": "user", "content": question}],
+                         "reference": "found", "expert_trace": task._trace("find", {"item": item}),
+                         "tools": [find], "meta": {"harness": "copy-drill", "item": item}})
+    return rows
 
 
 def read(path: str | Path) -> list[ToolboxTask]:
