@@ -8,16 +8,17 @@ held-out tasks per seed, held-out ones being new tool × item combinations; each
 draws a fresh world (values), so a remembered value never pays, and the evaluation keeps the
 seed's world. `--delegate`: the same behind a planner that must ask a worker.
 
-The warm start imitates an inconsistent expert (`--confuse`, default size → color and owner →
-city): each training task is in its data `--expert-traces` times (3), and where the expert confuses
-the asked tool, only `--expert-right` (1) of those lines call it, the others the confused tool. A
-policy fitted on that keeps the mix for those questions: greedy it calls the confused tool, on
-held-out tasks as on training ones, while sampling finds the right one a third of the time. That
-is what RL from an outcome reward is for, and what it can carry to held-out tasks (a rule of the
-question's attribute word, not of a task). Its data also holds a copy drill (`find(item)` over
-every item, `--copy-drill`): the tiny model has no pretrained copying, and without it the warm start
-writes an item remembered with the tool, wrong on almost every held-out combination, whatever the
-tool (README › Benchmarks › Learning has the runs that showed it). `--confuse none` is a faithful
+The warm start imitates an inconsistent expert (`--confuse`; default a cycle, color → size → owner
+→ city → color): each training task is in its data `--expert-traces` times (5), and only
+`--expert-right` (2) of those lines call the asked attribute's tool, the others the tool it is
+confused with. A policy fitted on that keeps the mix for each question (it cannot remember which
+line a task had): greedy it mostly calls the confused tool, on held-out tasks as on training ones,
+while sampling finds the right one about two times in five. Lifting that is what RL from an
+outcome reward is for, and what it can carry to held-out tasks (a rule of the question's attribute
+word, not of a task). Its data also holds a copy drill (`find(item)` over every item,
+`--copy-drill`): the tiny model has no pretrained copying, and without it the warm start writes an
+item remembered with the tool, wrong on almost every held-out combination whatever the tool
+(README › Benchmarks › Learning has the runs that showed it). `--confuse none` is a faithful
 expert (then `--sft-items`/`--sft-others`, `sft_share`, choose what it was fitted on).
 
 Per seed: one SFT warm start (the same for every algorithm; reused from an earlier run in the same
@@ -31,8 +32,9 @@ intervals do not overlap); the same for the two skills apart, the first call's t
 item (args); a plot. Everything reported is read back from --out/results.json, so `--report-only`
 renders it again without training.
 
-    python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 5 rounds
+    python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 4 rounds
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
+    python bench/learning.py --jobs 2                          # the seeds two at a time (cores split)
     python bench/learning.py --report-only --out DIR           # table, verdicts, plot from DIR/results.json
 
 Time on this 2-core machine: README › Benchmarks › Learning.
@@ -106,15 +108,15 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="base model directory (default: build the tiny model)")
     ap.add_argument("--hidden", type=int, default=128, help="tiny model width when building it")
     ap.add_argument("--layers", type=int, default=4, help="tiny model depth when building it")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the training rollouts")
     ap.add_argument("--sft-steps", type=int, default=1000)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
-    ap.add_argument("--confuse", default="size:color,owner:city",
+    ap.add_argument("--confuse", default="color:size,size:owner,owner:city,city:color",
                     help="the warm start's expert mixes up these tools, asked:called pairs (none: a faithful expert)")
-    ap.add_argument("--expert-traces", type=int, default=3, help="expert lines per training task")
-    ap.add_argument("--expert-right", type=int, default=1,
+    ap.add_argument("--expert-traces", type=int, default=5, help="expert lines per training task")
+    ap.add_argument("--expert-right", type=int, default=2,
                     help="of them, how many call the right tool where the expert confuses it")
     ap.add_argument("--copy-drill", type=int, default=1,
                     help="times the copy drill (find(item) over every item, two phrasings) is in the warm start's data")
@@ -133,12 +135,51 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=None, help="KL coefficient (trainer default when unset)")
     ap.add_argument("--negative-weight", type=float, default=1.0,
                     help="scale of negative advantages (trainer option negative_weight; 1: the methods' loss)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="seeds trained at once, each in its own process with the cores split between them")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = max(1, args.group * 64 // args.batch_size)
     if not args.report_only:
-        _train(args)
+        _train_parallel(args) if args.jobs > 1 and "," in args.seeds else _train(args)
     report(args.out, Console())
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("report_only", "jobs")}
+
+
+def _train_parallel(args: argparse.Namespace) -> None:
+    """--jobs N: this script once per seed (N at a time) on one base model, each into --out/seed-S
+    (its log there), then their results as one --out/results.json."""
+    import os
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harnessrl.tiny_model import build_tiny_model
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = args.model or str(build_tiny_model(args.out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
+    own = ("out", "seeds", "model", "jobs", "report_only", "delegate")
+    flags = [f for k, v in vars(args).items() if k not in own and v is not None for f in (f"--{k.replace('_', '-')}", str(v))]
+    flags += ["--delegate"] if args.delegate else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
+
+    def one(seed: str) -> dict:
+        where = args.out / f"seed-{seed}"
+        where.mkdir(parents=True, exist_ok=True)
+        with open(where / "log.txt", "w") as log:
+            rc = subprocess.call([sys.executable, __file__, *flags, "--seeds", seed, "--model", base, "--out", str(where)],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+        if rc:
+            raise SystemExit(f"seed {seed}: exit {rc}, see {where / 'log.txt'}")
+        return json.loads((where / "results.json").read_text())
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        parts = list(pool.map(one, args.seeds.split(",")))
+    runs = {algo: [r for p in parts for r in p["runs"][algo]] for algo in parts[0]["runs"]}
+    (args.out / "results.json").write_text(json.dumps({**parts[0], "args": _settings(args), "runs": runs}, indent=2))
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -188,8 +229,7 @@ def _train(args: argparse.Namespace) -> None:
                                "parts_after": {k: last["eval_metrics"][k] for k in PARTS}})
             console.print(f"seed {seed} {algo}: held-out {state.initial_eval:.3f} → {last['eval_success']:.3f} "
                           f"({time.perf_counter() - t:.0f} s)")
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "report_only"}
-    (out / "results.json").write_text(json.dumps({"args": settings, "harness": harness, "n_eval": n_eval,
+    (out / "results.json").write_text(json.dumps({"args": _settings(args), "harness": harness, "n_eval": n_eval,
                                                   "runs": runs}, indent=2))
     console.print(f"trained in {time.perf_counter() - t_all:.0f} s")
 
