@@ -145,6 +145,12 @@ def main() -> None:
     report(args.out, Console())
 
 
+def _base_model(args: argparse.Namespace) -> str:
+    from harnessrl.tiny_model import build_tiny_model
+
+    return args.model or str(build_tiny_model(args.out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
+
+
 def _settings(args: argparse.Namespace) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("report_only", "jobs")}
 
@@ -157,10 +163,8 @@ def _train_parallel(args: argparse.Namespace) -> None:
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from harnessrl.tiny_model import build_tiny_model
-
     args.out.mkdir(parents=True, exist_ok=True)
-    base = args.model or str(build_tiny_model(args.out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
+    base = _base_model(args)
     own = ("out", "seeds", "model", "jobs", "report_only", "delegate")
     flags = [f for k, v in vars(args).items() if k not in own and v is not None for f in (f"--{k.replace('_', '-')}", str(v))]
     flags += ["--delegate"] if args.delegate else []
@@ -186,14 +190,13 @@ def _train(args: argparse.Namespace) -> None:
     """Warm starts and loops; writes --out/results.json."""
     from harnessrl.app.loop import LoopConfig, run_loop
     from harnessrl.harness_examples.toolbox import tasks as toolbox
-    from harnessrl.tiny_model import build_tiny_model
     from harnessrl.trainer.sft import SftConfig, sft
 
     console = Console()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
-    base = args.model or str(build_tiny_model(out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
+    base = _base_model(args)
     console.print(f"base model ready in {time.perf_counter() - t_all:.0f} s")
     harness = "toolbox_delegate" if args.delegate else "toolbox"
     algos, seeds = args.algos.split(","), [int(s) for s in args.seeds.split(",")]
@@ -203,8 +206,7 @@ def _train(args: argparse.Namespace) -> None:
     for seed in seeds:
         train, held = toolbox.generate(seed, args.delegate)
         n_eval = len(held)
-        rows = warm_start_rows(toolbox, sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed),
-                               args)
+        rows = warm_start_rows(sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed), args)
         train_file = out / f"sft-{seed}.jsonl"
         train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
         t = time.perf_counter()
@@ -302,8 +304,10 @@ def confusions(spec: str) -> dict[str, str]:
         raise SystemExit(f"--confuse {spec!r}: give asked:called pairs, e.g. size:color,owner:city, or none") from None
 
 
-def warm_start_rows(toolbox, tasks: list, table: dict, args: argparse.Namespace) -> list[dict]:
+def warm_start_rows(tasks: list, table: dict, args: argparse.Namespace) -> list[dict]:
     """The warm start's SFT lines: the (inconsistent) expert's on `tasks`, and the copy drill."""
+    from harnessrl.harness_examples.toolbox import tasks as toolbox
+
     try:
         rows = toolbox.inconsistent_expert(tasks, table, confusions(args.confuse), args.expert_traces, args.expert_right)
     except ValueError as exc:

@@ -126,11 +126,11 @@ def test_the_warm_start_data_is_the_inconsistent_experts_lines_and_the_copy_dril
         learning.confusions("size")
     train, _ = toolbox.generate(0)
     args = argparse.Namespace(confuse="size:color", expert_traces=3, expert_right=1, copy_drill=2)
-    rows = learning.warm_start_rows(toolbox, train, toolbox.world(0), args)
+    rows = learning.warm_start_rows(train, toolbox.world(0), args)
     drill = [r for r in rows if r["meta"]["harness"] == "copy-drill"]
     assert len(rows) == 3 * 64 + len(drill) and len(drill) == 2 * 2 * len(toolbox.ITEMS)
     sizes = [r for r in rows if r["meta"].get("attribute") == "size"]
     called = [r["expert_trace"][0]["tool_calls"][0]["function"]["name"] for r in sizes]
     assert len(sizes) == 3 * sum(t.attribute == "size" for t in train) and called.count("get_size") * 3 == len(called)
     with pytest.raises(SystemExit, match="--confuse"):
-        learning.warm_start_rows(toolbox, train, toolbox.world(0), argparse.Namespace(**{**vars(args), "confuse": "size:mass"}))
+        learning.warm_start_rows(train, toolbox.world(0), argparse.Namespace(**{**vars(args), "confuse": "size:mass"}))

@@ -45,6 +45,14 @@ TOOLS = [tool_schema(f"get_{a}", "item", f"Return the {a} of an item.") for a in
 ASK_WORKER = tool_schema("ask_worker", "question", "Ask the worker, who has the attribute tools, a question.")
 
 
+def call_trace(name: str, args: dict[str, str], result: str) -> list[dict[str, Any]]:
+    """An expert trace: the call and its result, and no final reply. The episode ends at the first
+    tool call that runs, so a trained answer turn would be one the policy never reaches."""
+    call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": result}]
+
+
 @dataclass(frozen=True)
 class ToolboxTask:
     id: str
@@ -68,13 +76,6 @@ class ToolboxTask:
     def tools(self) -> list[dict[str, Any]]:
         return [ASK_WORKER] if self.delegate else TOOLS
 
-    def _trace(self, name: str, args: dict[str, str], result: str | None = None) -> list[dict[str, Any]]:
-        """The call and its result, and no final reply: the episode ends at the first tool call
-        that runs, so a trained answer turn would be one the policy never reaches."""
-        call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-        return [{"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_0", "content": self.value if result is None else result}]
-
     def reference_call(self) -> tuple[str, dict[str, str]]:
         return ("ask_worker", {"question": self.question}) if self.delegate else (f"get_{self.attribute}",
                                                                                   {"item": self.item})
@@ -82,7 +83,7 @@ class ToolboxTask:
     def row(self) -> dict[str, Any]:
         name, args = self.reference_call()
         return {"id": self.id, "input": self.messages(), "reference": self.value,
-                "reference_calls": [{"name": name, "arguments": args}], "expert_trace": self._trace(name, args),
+                "reference_calls": [{"name": name, "arguments": args}], "expert_trace": call_trace(name, args, self.value),
                 "tools": self.tools, "meta": {"harness": "toolbox", "item": self.item, "attribute": self.attribute,
                                               "delegate": self.delegate}}
 
@@ -147,8 +148,8 @@ def inconsistent_expert(tasks: list[ToolboxTask], table: dict[tuple[str, str], s
         solo = ToolboxTask(t.id + "/worker" if t.delegate else t.id, t.item, t.attribute, t.value)
         for k in range(traces):
             called = confusions.get(t.attribute, t.attribute) if k >= right else t.attribute
-            rows.append({**solo.row(), "expert_trace": solo._trace(f"get_{called}", {"item": t.item},
-                                                                    table[(t.item, called)])})
+            rows.append({**solo.row(), "expert_trace": call_trace(f"get_{called}", {"item": t.item},
+                                                                   table[(t.item, called)])})
         if t.delegate:
             rows.append(t.row())
     return rows
@@ -163,10 +164,9 @@ def copy_drill(items: list[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for item in items or ITEMS:
         for k, question in enumerate((f"Find the {item}.", f"Where is the {item}?")):
-            task = ToolboxTask(f"copy-{item}-{k}", item, "", "found")
-            rows.append({"id": task.id, "input": [{"role": "system", "content": "Call find with the item."},
-                                                  {"role": "user", "content": question}],
-                         "reference": "found", "expert_trace": task._trace("find", {"item": item}),
+            rows.append({"id": f"copy-{item}-{k}", "input": [{"role": "system", "content": "Call find with the item."},
+                                                             {"role": "user", "content": question}],
+                         "reference": "found", "expert_trace": call_trace("find", {"item": item}, "found"),
                          "tools": [find], "meta": {"harness": "copy-drill", "item": item}})
     return rows
 
