@@ -7,6 +7,12 @@ Prints, per mode, latency p50/p99 (ms) direct and through the proxy, the added l
 throughput (calls/s; for the proxy: calls durably recorded, counted in the DB afterwards) with
 the proxy/direct ratio; then the same at 1 client. Stand-in, proxy and load generator are
 separate processes on this machine.
+
+CPU per call of all three parts is printed too, for the direct and the proxied run, and from it
+the ratio the cores allow: when the machine's cores are what limits both runs, a proxied call
+costs the cores (load generator + stand-in + proxy) where a direct one costs (load generator +
+stand-in), so the ratio is about (C_d + S_d) / (C_p + S_p + P), and a ratio of 0.6 needs a proxy
+CPU per call of at most (C_d + S_d) / 0.6 - (C_p + S_p) ("proxy CPU for 0.6").
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -98,6 +105,19 @@ def _cpu_s(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _measured(upstream: int, proxy: int | None, url: str, clients: int, duration: float,
+              stream: bool) -> tuple[list[float], int, tuple[float, float, float]]:
+    """`run_load`, with the CPU seconds the load generator (this process), the stand-in and the
+    proxy used meanwhile."""
+    def now() -> tuple[float, float, float]:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return me.ru_utime + me.ru_stime, _cpu_s(upstream), _cpu_s(proxy) if proxy is not None else 0.0
+
+    before = now()
+    lat, errors = run_load(url, clients, duration, stream)
+    return lat, errors, tuple(b - a for a, b in zip(before, now()))  # type: ignore[return-value]
+
+
 def _count_calls(db: str) -> int:
     from sqlalchemy import func, select
 
@@ -132,7 +152,7 @@ def main() -> None:
                               "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port), "--no-ui",
                               *(["--workers", str(args.workers)] if args.workers != 1 else [])],
                              env=env, stderr=subprocess.DEVNULL)
-    console = Console(width=160)
+    console = Console(width=230)
     try:
         wait_http(up_port, upstream, "stand-in")
         wait_ready(f"http://127.0.0.1:{px_port}", proxy)  # a worker answers (with --workers, the port listens first)
@@ -142,25 +162,28 @@ def main() -> None:
         table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB "
                             f"{'SQLite' if '://' not in db else db.split(':')[0]}, {args.workers} proxy process(es))")
         for col in ("mode", "clients", "direct p50/p99 ms", "proxy p50/p99 ms", "added p50/p99 ms",
-                    "direct calls/s", "proxy recorded calls/s", "ratio", "upstream CPU µs/call", "proxy CPU µs/call"):
+                    "direct calls/s", "proxy recorded calls/s", "ratio", "CPU µs/call direct: load, stand-in",
+                    "proxied: load, stand-in, proxy", "ratio the cores allow", "proxy CPU for 0.6"):
             table.add_column(col, justify="right")
         for stream in (False, True):
             for clients in (args.clients, 1):
                 before = _count_calls(db)
-                d_lat, d_err = run_load(direct, clients, args.duration, stream)
-                t0, cpu_up, cpu_px = time.perf_counter(), _cpu_s(upstream.pid), _cpu_s(proxy.pid)
-                p_lat, p_err = run_load(through, clients, args.duration, stream)
+                d_lat, d_err, d_cpu = _measured(upstream.pid, None, direct, clients, args.duration, stream)
+                t0 = time.perf_counter()
+                p_lat, p_err, p_cpu = _measured(upstream.pid, proxy.pid, through, clients, args.duration, stream)
                 elapsed = time.perf_counter() - t0
-                cpu_up, cpu_px = _cpu_s(upstream.pid) - cpu_up, _cpu_s(proxy.pid) - cpu_px
                 recorded = _count_calls(db) - before
                 d_rate, p_rate = len(d_lat) / args.duration, recorded / elapsed
+                (cd, sd, _), (cp, sp, px) = ([x / max(len(lat), 1) * 1e6 for x in cpu]
+                                             for lat, cpu in ((d_lat, d_cpu), (p_lat, p_cpu)))
                 mode = "stream" if stream else "non-stream"
                 table.add_row(
                     mode, str(clients), f"{_pct(d_lat, .5):.2f} / {_pct(d_lat, .99):.2f}",
                     f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}",
                     f"{_pct(p_lat, .5) - _pct(d_lat, .5):.2f} / {_pct(p_lat, .99) - _pct(d_lat, .99):.2f}",
-                    f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}",
-                    f"{cpu_up / max(len(p_lat), 1) * 1e6:,.0f}", f"{cpu_px / max(len(p_lat), 1) * 1e6:,.0f}")
+                    f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}", f"{cd:,.0f}, {sd:,.0f}",
+                    f"{cp:,.0f}, {sp:,.0f}, {px:,.0f}", f"{(cd + sd) / (cp + sp + px):.2f}",
+                    f"{(cd + sd) / 0.6 - (cp + sp):,.0f}")
                 if d_err or p_err or recorded != len(p_lat):
                     console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err}, "
                                   f"200s={len(p_lat)} recorded={recorded}[/yellow]")
