@@ -1,5 +1,5 @@
 """Running the proxy: `serve(cfg)` for the CLI, `run_proxy(cfg)` in-process (tests, demo, the
-training loop) — uvicorn (uvloop + httptools, one write per response: `http_protocol.py`) on a real socket in a background thread."""
+training loop) — uvicorn (uvloop + httptools) on a real socket in a background thread."""
 
 from __future__ import annotations
 
@@ -40,10 +40,8 @@ def build_app(cfg: ProxyConfig, backend=None, adapters=None):
 
 
 def _uvicorn_config(app, cfg: ProxyConfig, log_config: dict | None = None) -> uvicorn.Config:
-    from harnessrl.proxy.http_protocol import CoalescingHttpTools
-
     extra = {"log_config": log_config} if log_config is not None else {}
-    return uvicorn.Config(app, loop="uvloop", http=CoalescingHttpTools, log_level=cfg.log_level, access_log=False,
+    return uvicorn.Config(app, loop="uvloop", http="httptools", log_level=cfg.log_level, access_log=False,
                           lifespan="on", timeout_keep_alive=75, backlog=4096,
                           proxy_headers=False, **extra)
 
