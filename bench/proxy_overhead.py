@@ -8,11 +8,13 @@ throughput (calls/s; for the proxy: calls durably recorded, counted in the DB af
 the proxy/direct ratio; then the same at 1 client. Stand-in, proxy and load generator are
 separate processes on this machine.
 
-CPU per call of all three parts is printed too, for the direct and the proxied run, and from it
-the ratio the cores allow: when the machine's cores are what limits both runs, a proxied call
-costs the cores (load generator + stand-in + proxy) where a direct one costs (load generator +
-stand-in), so the ratio is about (C_d + S_d) / (C_p + S_p + P), and a ratio of 0.6 needs a proxy
-CPU per call of at most (C_d + S_d) / 0.6 - (C_p + S_p) ("proxy CPU for 0.6").
+CPU per call of all three parts is printed too, direct and proxied, and from it the ratio that
+CPU allows under load: each part is one process (one core at most; the proxy `--workers` cores)
+and together they have the machine's cores, so a run can go no faster than min(1/C, 1/S,
+workers/P, cores/(C + S + P)) calls/s (C, S, P: CPU seconds per call of load generator, stand-in
+and proxy; no proxy direct). "Proxy CPU for 0.6" is the largest P at which that bound through
+the proxy is still 0.6 of the direct one: what the target asks of the proxy on this machine.
+At 1 client the runs are bound by latency, not CPU, and these two columns are left empty.
 """
 
 from __future__ import annotations
@@ -118,6 +120,16 @@ def _measured(upstream: int, proxy: int | None, url: str, clients: int, duration
     return lat, errors, tuple(b - a for a, b in zip(before, now()))  # type: ignore[return-value]
 
 
+def _cpu_bound(cd: float, sd: float, cp: float, sp: float, px: float, workers: int) -> tuple[str, str]:
+    """The ratio CPU allows, and the proxy CPU per call (µs) at which it would be 0.6 (module doc)."""
+    cores = os.cpu_count() or 1
+    direct = min(1 / cd, 1 / sd, cores / (cd + sd))
+    proxied = min(1 / cp, 1 / sp, workers / px, cores / (cp + sp + px))
+    need = 0.6 * direct  # calls/s through the proxy
+    for_target = min(workers / need, cores / need - cp - sp) if need <= min(1 / cp, 1 / sp) else float("nan")
+    return f"{proxied / direct:.2f}", f"{for_target:,.0f}"
+
+
 def _count_calls(db: str) -> int:
     from sqlalchemy import func, select
 
@@ -163,7 +175,7 @@ def main() -> None:
                             f"{'SQLite' if '://' not in db else db.split(':')[0]}, {args.workers} proxy process(es))")
         for col in ("mode", "clients", "direct p50/p99 ms", "proxy p50/p99 ms", "added p50/p99 ms",
                     "direct calls/s", "proxy recorded calls/s", "ratio", "CPU µs/call direct: load, stand-in",
-                    "proxied: load, stand-in, proxy", "ratio the cores allow", "proxy CPU for 0.6"):
+                    "proxied: load, stand-in, proxy", "ratio CPU allows", "proxy CPU for 0.6"):
             table.add_column(col, justify="right")
         for stream in (False, True):
             for clients in (args.clients, 1):
@@ -182,8 +194,8 @@ def main() -> None:
                     f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}",
                     f"{_pct(p_lat, .5) - _pct(d_lat, .5):.2f} / {_pct(p_lat, .99) - _pct(d_lat, .99):.2f}",
                     f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}", f"{cd:,.0f}, {sd:,.0f}",
-                    f"{cp:,.0f}, {sp:,.0f}, {px:,.0f}", f"{(cd + sd) / (cp + sp + px):.2f}",
-                    f"{(cd + sd) / 0.6 - (cp + sp):,.0f}")
+                    f"{cp:,.0f}, {sp:,.0f}, {px:,.0f}",
+                    *(_cpu_bound(cd, sd, cp, sp, px, args.workers) if clients > 1 else ("", "")))
                 if d_err or p_err or recorded != len(p_lat):
                     console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err}, "
                                   f"200s={len(p_lat)} recorded={recorded}[/yellow]")
