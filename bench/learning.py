@@ -28,7 +28,8 @@ options (`--ratio-to`, `--beta`, `--negative-weight`): the same compute; greedy 
 64 held-out tasks before and after. Reported: mean over seeds with a 95% interval (Wilson, over the
 pooled seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts
 of each algorithm against the warm start and of each pair of algorithms (apart only when the
-intervals do not overlap); the same for the two skills apart, the first call's tool (action) and
+intervals do not overlap), and the same paired by seed (a t-interval of the per-seed differences,
+which holds the spread between seeds that the pooled intervals do not; `learning_stats.py`); the same for the two skills apart, the first call's tool (action) and
 item (args); a plot. Everything reported is read back from --out/results.json, so `--report-only`
 renders it again without training.
 
@@ -44,57 +45,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_stats import _pooled, compare, paired, seed_verdicts, verdicts, wilson  # noqa: E402,F401 - tests use them here
 
 PARTS = {"right_tool": "right tool (action)", "right_item": "right item (args)"}  # toolbox harness metrics
-
-
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% interval of a proportion p observed over n Bernoulli outcomes."""
-    if n == 0:
-        return (math.nan, math.nan)
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
-def _pooled(values: list[float], n_each: int) -> tuple[float, float, float]:
-    mean = sum(values) / len(values)
-    lo, hi = wilson(mean, n_each * len(values))
-    return mean, lo, hi
-
-
-def compare(a: tuple[float, float, float], b: tuple[float, float, float]) -> str:
-    """Whether a is "above" or "below" b, given (mean, lo, hi) with 95% intervals: only when the
-    intervals do not overlap, else "not separated" — with a few seeds the means alone would
-    read noise as a difference."""
-    if a[1] > b[2]:
-        return "above"
-    if a[2] < b[1]:
-        return "below"
-    return "not separated"
-
-
-def verdicts(summary: dict[str, dict[str, tuple[float, float, float]]]) -> list[str]:
-    """Held-out success after RL: each algorithm against its warm start, then each pair of algorithms."""
-    lines = []
-    for algo, c in summary.items():
-        v = compare(c["after"], c["before"])
-        lines.append(f"{algo}: " + ("not separated from" if v == "not separated" else v) + " the warm start")
-    algos = list(summary)
-    for i, x in enumerate(algos):
-        for y in algos[i + 1:]:
-            v = compare(summary[x]["after"], summary[y]["after"])
-            lines.append(f"{x} vs {y}: " + ("not separated" if v == "not separated" else f"{x} {v} {y}"))
-    return lines
 
 
 def main() -> None:
@@ -160,7 +122,6 @@ def _train_parallel(args: argparse.Namespace) -> None:
     (its log there), then their results as one --out/results.json."""
     import os
     import subprocess
-    import sys
     from concurrent.futures import ThreadPoolExecutor
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +219,9 @@ def report(out: Path, console: Console) -> None:
     console.print(table)
     console.print("held-out success after RL (different when the 95% intervals do not overlap):")
     for line in verdicts(summary):
+        console.print(f"  {line}")
+    console.print("paired by seed (mean difference of held-out success, 95% t-interval over seeds):")
+    for line in seed_verdicts(runs):
         console.print(f"  {line}")
     if all("parts_before" in r for rs in runs.values() for r in rs):
         _parts(runs, n_eval, console)

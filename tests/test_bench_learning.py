@@ -134,3 +134,18 @@ def test_the_warm_start_data_is_the_inconsistent_experts_lines_and_the_copy_dril
     assert len(sizes) == 3 * sum(t.attribute == "size" for t in train) and called.count("get_size") * 3 == len(called)
     with pytest.raises(SystemExit, match="--confuse"):
         learning.warm_start_rows(train, toolbox.world(0), argparse.Namespace(**{**vars(args), "confuse": "size:mass"}))
+
+
+def test_paired_by_seed_by_hand():
+    learning = _learning()
+    # diffs 0.1, 0.3, 0.2: mean 0.2, sd 0.1, se 0.1/√3 = 0.05774; t(0.975, 2 df) = 4.3027 → ± 0.2484
+    m, lo, hi = learning.paired([0.1, 0.3, 0.2])
+    assert m == pytest.approx(0.2) and lo == pytest.approx(-0.0484, abs=1e-4) and hi == pytest.approx(0.4484, abs=1e-4)
+    runs = {"grpo": [{"seed": s, "before": b, "after": a} for s, b, a in ((0, 0.2, 0.5), (1, 0.3, 0.6), (2, 0.4, 0.7))],
+            "capo": [{"seed": s, "before": b, "after": a} for s, b, a in ((2, 0.4, 0.8), (0, 0.2, 0.6), (1, 0.3, 0.5))]}
+    assert learning.seed_verdicts(runs) == [
+        "grpo − warm start: +0.300 [+0.30, +0.30] per seed, above",  # the same gain on every seed
+        # 0.4, 0.4, 0.2: mean 0.333, sd 0.1155, se 0.0667, ± 0.287
+        "capo − warm start: +0.333 [+0.05, +0.62] per seed, above",
+        "grpo − capo: -0.033 [-0.32, +0.25] per seed, not separated",  # paired by seed: -0.1, +0.1, -0.1
+    ]

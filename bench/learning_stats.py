@@ -1,0 +1,78 @@
+"""The statistics of bench/learning.py's report: 95% intervals of held-out success (Wilson, over
+the pooled seed × task outcomes; and t, over per-seed differences), and the verdicts drawn from
+them — apart only when an interval says so."""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% interval of a proportion p observed over n Bernoulli outcomes."""
+    if n == 0:
+        return (math.nan, math.nan)
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def _pooled(values: list[float], n_each: int) -> tuple[float, float, float]:
+    mean = sum(values) / len(values)
+    lo, hi = wilson(mean, n_each * len(values))
+    return mean, lo, hi
+
+
+def compare(a: tuple[float, float, float], b: tuple[float, float, float]) -> str:
+    """Whether a is "above" or "below" b, given (mean, lo, hi) with 95% intervals: only when the
+    intervals do not overlap, else "not separated" — with a few seeds the means alone would
+    read noise as a difference."""
+    if a[1] > b[2]:
+        return "above"
+    if a[2] < b[1]:
+        return "below"
+    return "not separated"
+
+
+def verdicts(summary: dict[str, dict[str, tuple[float, float, float]]]) -> list[str]:
+    """Held-out success after RL: each algorithm against its warm start, then each pair of algorithms."""
+    lines = []
+    for algo, c in summary.items():
+        v = compare(c["after"], c["before"])
+        lines.append(f"{algo}: " + ("not separated from" if v == "not separated" else v) + " the warm start")
+    algos = list(summary)
+    for i, x in enumerate(algos):
+        for y in algos[i + 1:]:
+            v = compare(summary[x]["after"], summary[y]["after"])
+            lines.append(f"{x} vs {y}: " + ("not separated" if v == "not separated" else f"{x} {v} {y}"))
+    return lines
+
+
+def paired(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval of per-seed differences (after − before, or x − y on the same warm
+    starts): the spread between seeds, which the pooled intervals do not hold."""
+    from scipy.stats import t
+
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = t.ppf(0.975, n - 1) * math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
+    return mean, mean - half, mean + half
+
+
+def seed_verdicts(runs: dict[str, list[dict]]) -> list[str]:
+    """`verdicts` again, paired by seed: apart only when the interval of the difference excludes 0."""
+    def line(label: str, diffs: list[float]) -> str:
+        m, lo, hi = paired(diffs)
+        v = "above" if lo > 0 else "below" if hi < 0 else "not separated"
+        return f"{label}: {m:+.3f} [{lo:+.2f}, {hi:+.2f}] per seed, {v}"
+
+    by_seed = {algo: {r["seed"]: r for r in rs} for algo, rs in runs.items()}
+    lines = [line(f"{algo} − warm start", [r["after"] - r["before"] for r in rs]) for algo, rs in runs.items()]
+    algos = list(runs)
+    for i, x in enumerate(algos):
+        for y in algos[i + 1:]:
+            seeds = sorted(set(by_seed[x]) & set(by_seed[y]))
+            lines.append(line(f"{x} − {y}", [by_seed[x][s]["after"] - by_seed[y][s]["after"] for s in seeds]))
+    return lines
