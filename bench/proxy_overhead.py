@@ -15,6 +15,10 @@ workers/P, cores/(C + S + P)) calls/s (C, S, P: CPU seconds per call of load gen
 and proxy; no proxy direct). "Proxy CPU for 0.6" is the largest P at which that bound through
 the proxy is still 0.6 of the direct one: what the target asks of the proxy on this machine.
 At 1 client the runs are bound by latency, not CPU, and these two columns are left empty.
+
+Then the same load through a bare forwarder (`forwarder.py`: the proxy's server stack and
+upstream pool, nothing else): what any proxy process of this stack costs on this machine, in
+added latency, throughput and CPU, so the proxy's own work is what it costs above that.
 """
 
 from __future__ import annotations
@@ -156,7 +160,7 @@ def main() -> None:
     from harnessrl.tiny_model import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp / "tok")
-    up_port, px_port = free_port(), free_port()
+    up_port, px_port, fw_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
                                  str(tmp / "tok"), "--port", str(up_port)], env=env)
@@ -164,19 +168,27 @@ def main() -> None:
                               "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port), "--no-ui",
                               *(["--workers", str(args.workers)] if args.workers != 1 else [])],
                              env=env, stderr=subprocess.DEVNULL)
+    fwd = subprocess.Popen([sys.executable, str(ROOT / "bench" / "forwarder.py"), "--upstream",
+                            f"http://127.0.0.1:{up_port}", "--port", str(fw_port)], env=env)
     console = Console(width=230)
     try:
         wait_http(up_port, upstream, "stand-in")
         wait_ready(f"http://127.0.0.1:{px_port}", proxy)  # a worker answers (with --workers, the port listens first)
-        direct, through = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
-        run_load(direct, 4, 1.0, False)  # warm caches and connections
-        run_load(through, 4, 1.0, False)
+        wait_http(fw_port, fwd, "forwarder")
+        direct, through, bare = (f"http://127.0.0.1:{p}" for p in (up_port, px_port, fw_port))
+        for url in (direct, through, bare):
+            run_load(url, 4, 1.0, False)  # warm caches and connections
         table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB "
                             f"{'SQLite' if '://' not in db else db.split(':')[0]}, {args.workers} proxy process(es))")
         for col in ("mode", "clients", "direct p50/p99 ms", "proxy p50/p99 ms", "added p50/p99 ms",
                     "direct calls/s", "proxy recorded calls/s", "ratio", "CPU µs/call direct: load, stand-in",
                     "proxied: load, stand-in, proxy", "ratio CPU allows", "proxy CPU for 0.6"):
             table.add_column(col, justify="right")
+        floor = Table(title="the same load through a bare forwarder (bench/forwarder.py: the proxy's server and "
+                            "upstream pool, no parsing or recording; one process)")
+        for col in ("mode", "clients", "added p50/p99 ms", "calls/s", "ratio", "forwarder CPU µs/call",
+                    "proxy CPU µs/call", "proxy − forwarder"):
+            floor.add_column(col, justify="right")
         for stream in (False, True):
             for clients in (args.clients, 1):
                 before = _count_calls(db)
@@ -185,25 +197,31 @@ def main() -> None:
                 p_lat, p_err, p_cpu = _measured(upstream.pid, proxy.pid, through, clients, args.duration, stream)
                 elapsed = time.perf_counter() - t0
                 recorded = _count_calls(db) - before
-                d_rate, p_rate = len(d_lat) / args.duration, recorded / elapsed
-                (cd, sd, _), (cp, sp, px) = ([x / max(len(lat), 1) * 1e6 for x in cpu]
-                                             for lat, cpu in ((d_lat, d_cpu), (p_lat, p_cpu)))
+                f_lat, f_err, f_cpu = _measured(upstream.pid, fwd.pid, bare, clients, args.duration, stream)
+                d_rate, p_rate, f_rate = len(d_lat) / args.duration, recorded / elapsed, len(f_lat) / args.duration
+                (cd, sd, _), (cp, sp, px), (_, _, fx) = ([x / max(len(lat), 1) * 1e6 for x in cpu] for lat, cpu in
+                                                         ((d_lat, d_cpu), (p_lat, p_cpu), (f_lat, f_cpu)))
                 mode = "stream" if stream else "non-stream"
                 table.add_row(
                     mode, str(clients), f"{_pct(d_lat, .5):.2f} / {_pct(d_lat, .99):.2f}",
-                    f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}",
-                    f"{_pct(p_lat, .5) - _pct(d_lat, .5):.2f} / {_pct(p_lat, .99) - _pct(d_lat, .99):.2f}",
+                    f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}", _added(p_lat, d_lat),
                     f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}", f"{cd:,.0f}, {sd:,.0f}",
                     f"{cp:,.0f}, {sp:,.0f}, {px:,.0f}",
                     *(_cpu_bound(cd, sd, cp, sp, px, args.workers) if clients > 1 else ("", "")))
-                if d_err or p_err or recorded != len(p_lat):
-                    console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err}, "
+                floor.add_row(mode, str(clients), _added(f_lat, d_lat), f"{f_rate:,.0f}", f"{f_rate / d_rate:.2f}",
+                              f"{fx:,.0f}", f"{px:,.0f}", f"{px - fx:,.0f}")
+                if d_err or p_err or f_err or recorded != len(p_lat):
+                    console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err} forwarder={f_err}, "
                                   f"200s={len(p_lat)} recorded={recorded}[/yellow]")
         console.print(table)
+        console.print(floor)
         console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")
     finally:
-        stop(proxy, upstream)
+        stop(proxy, fwd, upstream)
 
+
+def _added(lat: list[float], base: list[float]) -> str:
+    return f"{_pct(lat, .5) - _pct(base, .5):.2f} / {_pct(lat, .99) - _pct(base, .99):.2f}"
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,55 @@
+"""A bare forwarder: the proxy's server stack (uvicorn with uvloop and httptools) and its upstream
+connection pool, and nothing else: no parsing, rewriting or recording. `proxy_overhead.py` runs
+it beside the proxy, under the same load, as the floor of what a proxy process built on this
+stack costs on the machine; the proxy's cost above it is harnessrl's own work.
+
+    python bench/forwarder.py --upstream http://127.0.0.1:8001 --port 8002
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from harnessrl.proxy.httpclient import Pool
+
+
+def forwarder(upstream: str):
+    pool: list[Pool] = []  # made on the first request: a pool belongs to the running loop
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if not pool:
+            pool.append(Pool(upstream, timeout=60))
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if b'"stream":true' in body:  # the load generator's compact JSON; a forwarder parses nothing
+            resp, chunks = await pool[0].stream("POST", scope["path"], body)
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        resp = await pool[0].request("POST", scope["path"], body)
+        await send({"type": "http.response.start", "status": resp.status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(resp.body)).encode())]})
+        await send({"type": "http.response.body", "body": resp.body})
+
+    return app
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args()
+    uvicorn.run(forwarder(args.upstream), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
+                lifespan="off", access_log=False, log_level="warning", backlog=4096, timeout_keep_alive=75)
