@@ -29,8 +29,8 @@ options (`--ratio-to`, `--beta`, `--negative-weight`): the same compute; greedy 
 pooled seed × task outcomes) of held-out success and tool-call validity, before and after; verdicts
 of each algorithm against the warm start and of each pair of algorithms (apart only when the
 intervals do not overlap), and the same paired by seed (a t-interval of the per-seed differences,
-which holds the spread between seeds that the pooled intervals do not; `learning_stats.py`); the same for the two skills apart, the first call's tool (action) and
-item (args); a plot. Everything reported is read back from --out/results.json, so `--report-only`
+which holds the spread between seeds that the pooled intervals do not; `learning_stats.py`); the
+same for the two skills apart, the first call's tool (action) and item (args); a plot. Everything reported is read back from --out/results.json, so `--report-only`
 renders it again without training.
 
     python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 4 rounds
@@ -54,7 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_stats import _pooled, compare, paired, seed_verdicts, verdicts, wilson  # noqa: E402,F401 - tests use them here
+from learning_stats import compare, pooled, seed_verdicts, verdicts  # noqa: E402
 
 PARTS = {"right_tool": "right tool (action)", "right_item": "right item (args)"}  # toolbox harness metrics
 
@@ -211,7 +211,7 @@ def report(out: Path, console: Console) -> None:
         table.add_column(col)
     summary = {}
     for algo, rs in runs.items():
-        cells = {k: _pooled([r[k] for r in rs], n_eval) for k in ("before", "after", "validity_before", "validity_after")}
+        cells = {k: pooled([r[k] for r in rs], n_eval) for k in ("before", "after", "validity_before", "validity_after")}
         summary[algo] = cells
         curve = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(a["rounds"])]
         table.add_row(algo, *(f"{m:.3f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cells.values()),
@@ -247,8 +247,8 @@ def _parts(runs: dict[str, list[dict]], n_eval: int, console: Console) -> None:
     for algo, rs in runs.items():
         row = []
         for k in PARTS:
-            before = _pooled([r["parts_before"][k] for r in rs], n_eval)
-            after = _pooled([r["parts_after"][k] for r in rs], n_eval)
+            before = pooled([r["parts_before"][k] for r in rs], n_eval)
+            after = pooled([r["parts_after"][k] for r in rs], n_eval)
             row += [f"{m:.3f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in (before, after)]
             v = compare(after, before)
             lines.append(f"{algo}: {PARTS[k]} " + ("not separated from" if v == "not separated" else v) + " the warm start")

@@ -17,7 +17,8 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def _pooled(values: list[float], n_each: int) -> tuple[float, float, float]:
+def pooled(values: list[float], n_each: int) -> tuple[float, float, float]:
+    """Mean of per-seed rates over n_each tasks each, with the Wilson interval of the pooled outcomes."""
     mean = sum(values) / len(values)
     lo, hi = wilson(mean, n_each * len(values))
     return mean, lo, hi

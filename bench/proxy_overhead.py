@@ -98,6 +98,10 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
 
 
+def _added(lat: list[float], base: list[float]) -> str:
+    return f"{_pct(lat, .5) - _pct(base, .5):.2f} / {_pct(lat, .99) - _pct(base, .99):.2f}"
+
+
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds a process and its child processes (`--workers`) have used so far."""
     total = 0
@@ -219,9 +223,6 @@ def main() -> None:
     finally:
         stop(proxy, fwd, upstream)
 
-
-def _added(lat: list[float], base: list[float]) -> str:
-    return f"{_pct(lat, .5) - _pct(base, .5):.2f} / {_pct(lat, .99) - _pct(base, .99):.2f}"
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
-"""bench/learning.py's reporting: Wilson intervals, the verdicts (against the warm start and
-between algorithms), and `--report-only` rendering the table, verdicts and plot from a
-results.json without training."""
+"""bench/learning.py's reporting (its statistics in bench/learning_stats.py): Wilson intervals,
+the verdicts (against the warm start and between algorithms, pooled and paired by seed), and
+`--report-only` rendering the table, verdicts and plot from a results.json without training."""
 
 from __future__ import annotations
 
@@ -16,18 +16,27 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "learning.py"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPT = BENCH / "learning.py"
 
 
-def _learning():
-    spec = importlib.util.spec_from_file_location("bench_learning", SCRIPT)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _learning():
+    return _load("bench_learning", SCRIPT)
+
+
+def _stats():
+    return _load("bench_learning_stats", BENCH / "learning_stats.py")
+
+
 def test_wilson_at_the_edges_and_the_middle():
-    wilson = _learning().wilson
+    wilson = _stats().wilson
     # p = 0: the interval is [0, z²/(n + z²)]; p = 1 mirrors it (worked out from the formula)
     assert wilson(0.0, 64) == pytest.approx((0.0, 3.8416 / 67.8416))
     assert wilson(1.0, 64) == pytest.approx((64 / 67.8416, 1.0))
@@ -37,13 +46,13 @@ def test_wilson_at_the_edges_and_the_middle():
 
 
 def test_verdicts_against_the_warm_start_and_between_algorithms():
-    learning = _learning()
+    stats = _stats()
     warm = (0.3, 0.2, 0.4)
     summary = {"grpo": {"before": warm, "after": (0.6, 0.5, 0.7)},
                "capo": {"before": warm, "after": (0.3, 0.2, 0.4)},
                "matpo": {"before": warm, "after": (0.45, 0.35, 0.55)},
                "pact": {"before": warm, "after": (0.8, 0.72, 0.88)}}
-    assert learning.verdicts(summary) == [
+    assert stats.verdicts(summary) == [
         "grpo: above the warm start",              # 0.5 > 0.4
         "capo: not separated from the warm start",  # the same interval
         "matpo: not separated from the warm start",  # 0.35 < 0.4: overlaps
@@ -55,8 +64,8 @@ def test_verdicts_against_the_warm_start_and_between_algorithms():
         "capo vs pact: capo below pact",
         "matpo vs pact: matpo below pact",          # 0.55 < 0.72
     ]
-    assert learning.compare((0.5, 0.4, 0.6), (0.2, 0.1, 0.3)) == "above"
-    assert learning.compare((0.5, 0.4, 0.6), (0.6, 0.6, 0.7)) == "not separated"  # touching ends overlap
+    assert stats.compare((0.5, 0.4, 0.6), (0.2, 0.1, 0.3)) == "above"
+    assert stats.compare((0.5, 0.4, 0.6), (0.6, 0.6, 0.7)) == "not separated"  # touching ends overlap
 
 
 def test_report_only_renders_from_a_results_file(tmp_path):
@@ -137,13 +146,13 @@ def test_the_warm_start_data_is_the_inconsistent_experts_lines_and_the_copy_dril
 
 
 def test_paired_by_seed_by_hand():
-    learning = _learning()
+    stats = _stats()
     # diffs 0.1, 0.3, 0.2: mean 0.2, sd 0.1, se 0.1/√3 = 0.05774; t(0.975, 2 df) = 4.3027 → ± 0.2484
-    m, lo, hi = learning.paired([0.1, 0.3, 0.2])
+    m, lo, hi = stats.paired([0.1, 0.3, 0.2])
     assert m == pytest.approx(0.2) and lo == pytest.approx(-0.0484, abs=1e-4) and hi == pytest.approx(0.4484, abs=1e-4)
     runs = {"grpo": [{"seed": s, "before": b, "after": a} for s, b, a in ((0, 0.2, 0.5), (1, 0.3, 0.6), (2, 0.4, 0.7))],
             "capo": [{"seed": s, "before": b, "after": a} for s, b, a in ((2, 0.4, 0.8), (0, 0.2, 0.6), (1, 0.3, 0.5))]}
-    assert learning.seed_verdicts(runs) == [
+    assert stats.seed_verdicts(runs) == [
         "grpo − warm start: +0.300 [+0.30, +0.30] per seed, above",  # the same gain on every seed
         # 0.4, 0.4, 0.2: mean 0.333, sd 0.1155, se 0.0667, ± 0.287
         "capo − warm start: +0.333 [+0.05, +0.62] per seed, above",
