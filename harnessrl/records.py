@@ -104,7 +104,9 @@ class Call(Base):
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     # request: messages / prompt, tools, tool_choice, sampling params (never auth)
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # response: the OpenAI response body the harness got (for streams: the reassembled one)
+    # response: the response body the harness got (for streams: the reassembled one), less the
+    # token-id fields of `return_token_ids` (`prompt_token_ids`, `choices[].token_ids`): the id
+    # columns below hold them
     response: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     response_text: Mapped[str | None] = mapped_column(NulSafeText, nullable=True)
     tool_calls: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)

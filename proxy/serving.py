@@ -165,7 +165,7 @@ class Serving:
         rec.completion_tokens = u.get("completion_tokens",
                                       len(r.completion_ids) if r.completion_ids is not None else None)
         rec.finish_reason = r.finish_reason
-        rec.response, rec.response_text, rec.tool_calls = data, r.text, r.tool_calls
+        rec.response, rec.response_text, rec.tool_calls = _stored(data), r.text, r.tool_calls
         if r.drift is not None:
             rec.drift = r.drift
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
@@ -244,6 +244,25 @@ def _recorded(req: Request) -> dict:
         return req.body
     extra = {"harnessrl_surface": req.surface} if req.surface is not None else {}
     return {**req.body, **extra, **(req.notes or {})}
+
+
+def _stored(data: dict) -> dict:
+    """A response as recorded: without the token-id fields a harness gets with `return_token_ids`
+    (`prompt_token_ids`; per choice `token_ids`, and `prompt_token_ids` on /v1/completions) —
+    `prompt_ids` and `completion_ids` hold them, packed. As JSON a ~700-token prompt is ~3 KB, a
+    third of the row, and every byte of a row is written twice (WAL, then checkpoint)."""
+    choices = data.get("choices")
+    ids_in = [isinstance(c, dict) and not _ID_FIELDS.isdisjoint(c) for c in choices] if isinstance(choices, list) else []
+    if "prompt_token_ids" not in data and not any(ids_in):
+        return data
+    out = {k: v for k, v in data.items() if k != "prompt_token_ids"}
+    if any(ids_in):
+        out["choices"] = [{k: v for k, v in c.items() if k not in _ID_FIELDS} if strip else c
+                          for c, strip in zip(choices, ids_in)]  # type: ignore[arg-type]
+    return out
+
+
+_ID_FIELDS = frozenset(("prompt_token_ids", "token_ids"))
 
 
 def _key(ident: Identity) -> tuple:

@@ -145,6 +145,15 @@ def test_token_ids_and_logprobs_come_back_when_asked(client, proxy):
     row = _call(proxy.db, cid)
     assert body["prompt_token_ids"] == unpack_ids(row.prompt_ids).tolist()
     assert body["choices"][0]["token_ids"] == unpack_ids(row.completion_ids).tolist()
+    # recorded once, in the id columns: the stored response is the harness's less the id fields
+    assert row.response == {**{k: v for k, v in body.items() if k != "prompt_token_ids"},
+                            "choices": [{k: v for k, v in body["choices"][0].items() if k != "token_ids"}]}
+    raw = client.completions.with_raw_response.create(model="tiny", prompt="The capital", max_tokens=3,
+                                                      extra_body={"return_token_ids": True})
+    choice, row = orjson.loads(raw.content)["choices"][0], _call(proxy.db, raw.headers["x-harnessrl-call"])
+    assert choice["prompt_token_ids"] == unpack_ids(row.prompt_ids).tolist()
+    assert choice["token_ids"] == unpack_ids(row.completion_ids).tolist()
+    assert set(choice) - set(row.response["choices"][0]) == {"prompt_token_ids", "token_ids"}
     raw = client.chat.completions.with_raw_response.create(model="tiny", messages=ASK, max_tokens=5, stream=True,
                                                             seed=1, extra_body={"return_token_ids": True})
     chunks = list(raw.parse())
@@ -181,3 +190,6 @@ def test_upstream_gives_token_ids_back_when_asked(upstream, tokenizer_dir, tmp_p
     assert body["prompt_token_ids"] == unpack_ids(row.prompt_ids).tolist()
     assert body["choices"][0]["token_ids"] == unpack_ids(row.completion_ids).tolist()
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]  # only when asked
+    # the recorded response is the harness's but for the ids, which the id columns hold once
+    del body["prompt_token_ids"], body["choices"][0]["token_ids"]
+    assert row.response == body
