@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
+from harnessrl.proxy.upstream import Extract, checked
 from harnessrl.records import Call
 
 # well-formed messages a strict chat template refuses (as Llama's and Mistral's do with
@@ -85,6 +86,20 @@ def test_bad_ids_or_usage_from_the_upstream_are_a_502_and_a_failed_record(upstre
     calls = _calls(db)
     assert [(c.endpoint, c.status) for c in calls] == [("chat", "error"), ("completions", "error")]
     assert all(c.error.startswith("502 upstream_error: malformed upstream response") for c in calls)
+
+
+@pytest.mark.parametrize("ids", [["7"], [1.5], [2 ** 31], [-2 ** 31 - 1], [[1]], (1, 2), "12"])
+def test_token_ids_that_are_not_int32_are_malformed(ids):
+    with pytest.raises(ValueError, match="int32"):
+        checked(Extract(prompt_ids=ids))
+    with pytest.raises(ValueError, match="int32"):
+        checked(Extract(completion_ids=[0, *ids] if isinstance(ids, list) else ids))
+
+
+def test_token_ids_at_the_int32_bounds_are_kept_exactly():
+    ex = checked(Extract(prompt_ids=[-2 ** 31, 0, 2 ** 31 - 1], completion_ids=[]))
+    assert ex.prompt_ids.tolist() == [-2 ** 31, 0, 2 ** 31 - 1] and ex.completion_ids.tolist() == []
+    assert ex.prompt_ids.itemsize == 4
 
 
 def test_bad_ids_from_a_token_upstream_are_a_502_and_a_failed_record(upstream, tokenizer_dir, tmp_path):
