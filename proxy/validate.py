@@ -72,25 +72,28 @@ def _logit_bias(v: Any) -> bool:
                                        for k, b in v.items())
 
 
+# (parameter, check, what it must be): built once, not per request
+_COMMON = (
+    ("model", _model, f"a string of at most {MODEL_MAX} characters without control characters"),
+    ("stream", lambda v: isinstance(v, bool), "a boolean"),
+    ("max_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    ("max_completion_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    ("temperature", lambda v: is_num(v) and 0 <= v <= 2, "a number in [0, 2]"),
+    ("top_p", lambda v: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    ("presence_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+    ("frequency_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+    ("logit_bias", _logit_bias, "an object mapping token ids to numbers in [-100, 100]"),
+    ("seed", is_int, "an integer"),
+    ("n", lambda v: is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
+    ("stop", _stop, "a string or a list of at most 4 strings"),
+    ("stream_options", lambda v: isinstance(v, dict) and v.get("include_usage") in (None, True, False),
+     "an object (include_usage: a boolean)"),
+    ("user", _is_str, "a string"),
+)
+
+
 def _check_common(req: dict) -> None:
-    checks = (
-        ("model", _model, f"a string of at most {MODEL_MAX} characters without control characters"),
-        ("stream", lambda v: isinstance(v, bool), "a boolean"),
-        ("max_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
-        ("max_completion_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
-        ("temperature", lambda v: is_num(v) and 0 <= v <= 2, "a number in [0, 2]"),
-        ("top_p", lambda v: is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
-        ("presence_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
-        ("frequency_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
-        ("logit_bias", _logit_bias, "an object mapping token ids to numbers in [-100, 100]"),
-        ("seed", is_int, "an integer"),
-        ("n", lambda v: is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
-        ("stop", _stop, "a string or a list of at most 4 strings"),
-        ("stream_options", lambda v: isinstance(v, dict) and v.get("include_usage") in (None, True, False),
-         "an object (include_usage: a boolean)"),
-        ("user", _is_str, "a string"),
-    )
-    for name, ok, what in checks:
+    for name, ok, what in _COMMON:
         _opt(req, name, ok, what)
 
 
