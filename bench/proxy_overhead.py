@@ -1,12 +1,16 @@
 """Proxy overhead: the same load sent straight to a vLLM stand-in and through the recording
 proxy in one run, non-streaming and streaming.
 
-    python bench/proxy_overhead.py [--clients 64] [--duration 8] [--db PATH|postgresql+psycopg://...] [--workers N]
+    python bench/proxy_overhead.py [--clients 64] [--duration 5] [--rounds 3] [--db PATH|postgresql+psycopg://...]
+                                   [--workers N]
 
 Prints, per mode, latency p50/p99 (ms) direct and through the proxy, the added latency, and
 throughput (calls/s; for the proxy: calls durably recorded, counted in the DB afterwards) with
 the proxy/direct ratio; then the same at 1 client. Stand-in, proxy and load generator are
-separate processes on this machine.
+separate processes on this machine. Each mode is measured `--rounds` times (direct, proxy,
+forwarder back to back each round) and every figure is the median over the rounds; the ratios
+also give the lowest and highest round's. One run's ratio moves by ±10% on a shared 2-core VM
+with the same code, so one round can mislead.
 
 CPU per call of all three parts is printed too, direct and proxied, and from it the ratio that
 CPU allows under load: each part is one process (one core at most; the proxy `--workers` cores)
@@ -27,10 +31,12 @@ import argparse
 import asyncio
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import orjson
@@ -98,10 +104,6 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
 
 
-def _added(lat: list[float], base: list[float]) -> str:
-    return f"{_pct(lat, .5) - _pct(base, .5):.2f} / {_pct(lat, .99) - _pct(base, .99):.2f}"
-
-
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds a process and its child processes (`--workers`) have used so far."""
     total = 0
@@ -151,10 +153,67 @@ def _count_calls(db: str) -> int:
     return int(n or 0)
 
 
+@dataclass
+class Round:
+    """One measurement of a mode: direct, through the proxy, through the forwarder, back to back.
+    Latencies in ms, rates in calls/s (the proxy's: calls committed, counted in the DB), CPU in
+    µs a call: load generator, stand-in direct (cd, sd); load, stand-in, proxy proxied (cp, sp,
+    px); forwarder (fx)."""
+
+    d_p50: float
+    d_p99: float
+    p_p50: float
+    p_p99: float
+    f_p50: float
+    f_p99: float
+    d_rate: float
+    p_rate: float
+    f_rate: float
+    cd: float
+    sd: float
+    cp: float
+    sp: float
+    px: float
+    fx: float
+    errors: str = ""
+
+
+def _round(db: str, upstream: int, proxy: int, fwd: int, urls: tuple[str, str, str], clients: int, duration: float,
+           stream: bool) -> Round:
+    direct, through, bare = urls
+    before = _count_calls(db)
+    d_lat, d_err, d_cpu = _measured(upstream, None, direct, clients, duration, stream)
+    t0 = time.perf_counter()
+    p_lat, p_err, p_cpu = _measured(upstream, proxy, through, clients, duration, stream)
+    elapsed = time.perf_counter() - t0
+    recorded = _count_calls(db) - before
+    f_lat, f_err, f_cpu = _measured(upstream, fwd, bare, clients, duration, stream)
+    (cd, sd, _), (cp, sp, px), (_, _, fx) = ([x / max(len(lat), 1) * 1e6 for x in cpu] for lat, cpu in
+                                             ((d_lat, d_cpu), (p_lat, p_cpu), (f_lat, f_cpu)))
+    errors = (f"errors direct={d_err} proxy={p_err} forwarder={f_err}, 200s={len(p_lat)} recorded={recorded}"
+              if d_err or p_err or f_err or recorded != len(p_lat) else "")
+    return Round(_pct(d_lat, .5), _pct(d_lat, .99), _pct(p_lat, .5), _pct(p_lat, .99), _pct(f_lat, .5),
+                 _pct(f_lat, .99), len(d_lat) / duration, recorded / elapsed, len(f_lat) / duration,
+                 cd, sd, cp, sp, px, fx, errors)
+
+
+def _median(rounds: list[Round]) -> Round:
+    """Each figure's median over the rounds (the machine's noise between runs is ±10%)."""
+    return Round(*(statistics.median(getattr(r, f.name) for r in rounds)
+                   for f in fields(Round) if f.name != "errors"))
+
+
+def _spread(ratios: list[float]) -> str:
+    """The median ratio, with the lowest and highest round's when there are several."""
+    mid = statistics.median(ratios)
+    return f"{mid:.2f}" if len(ratios) == 1 else f"{mid:.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="proxy overhead vs a vLLM stand-in")
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="measurements of each mode, interleaved; medians printed")
     ap.add_argument("--db", default=None, help="records DB (default: a fresh SQLite file)")
     ap.add_argument("--workers", type=int, default=1, help="proxy processes (`harnessrl proxy --workers`)")
     args = ap.parse_args()
@@ -195,28 +254,24 @@ def main() -> None:
             floor.add_column(col, justify="right")
         for stream in (False, True):
             for clients in (args.clients, 1):
-                before = _count_calls(db)
-                d_lat, d_err, d_cpu = _measured(upstream.pid, None, direct, clients, args.duration, stream)
-                t0 = time.perf_counter()
-                p_lat, p_err, p_cpu = _measured(upstream.pid, proxy.pid, through, clients, args.duration, stream)
-                elapsed = time.perf_counter() - t0
-                recorded = _count_calls(db) - before
-                f_lat, f_err, f_cpu = _measured(upstream.pid, fwd.pid, bare, clients, args.duration, stream)
-                d_rate, p_rate, f_rate = len(d_lat) / args.duration, recorded / elapsed, len(f_lat) / args.duration
-                (cd, sd, _), (cp, sp, px), (_, _, fx) = ([x / max(len(lat), 1) * 1e6 for x in cpu] for lat, cpu in
-                                                         ((d_lat, d_cpu), (p_lat, p_cpu), (f_lat, f_cpu)))
                 mode = "stream" if stream else "non-stream"
+                rounds = []
+                for _ in range(args.rounds):
+                    r = _round(db, upstream.pid, proxy.pid, fwd.pid, (direct, through, bare), clients, args.duration,
+                               stream)
+                    rounds.append(r)
+                    if r.errors:
+                        console.print(f"[yellow]{mode}@{clients}: {r.errors}[/yellow]")
+                m = _median(rounds)
                 table.add_row(
-                    mode, str(clients), f"{_pct(d_lat, .5):.2f} / {_pct(d_lat, .99):.2f}",
-                    f"{_pct(p_lat, .5):.2f} / {_pct(p_lat, .99):.2f}", _added(p_lat, d_lat),
-                    f"{d_rate:,.0f}", f"{p_rate:,.0f}", f"{p_rate / d_rate:.2f}", f"{cd:,.0f}, {sd:,.0f}",
-                    f"{cp:,.0f}, {sp:,.0f}, {px:,.0f}",
-                    *(_cpu_bound(cd, sd, cp, sp, px, args.workers) if clients > 1 else ("", "")))
-                floor.add_row(mode, str(clients), _added(f_lat, d_lat), f"{f_rate:,.0f}", f"{f_rate / d_rate:.2f}",
-                              f"{fx:,.0f}", f"{px:,.0f}", f"{px - fx:,.0f}")
-                if d_err or p_err or f_err or recorded != len(p_lat):
-                    console.print(f"[yellow]{mode}@{clients}: errors direct={d_err} proxy={p_err} forwarder={f_err}, "
-                                  f"200s={len(p_lat)} recorded={recorded}[/yellow]")
+                    mode, str(clients), f"{m.d_p50:.2f} / {m.d_p99:.2f}", f"{m.p_p50:.2f} / {m.p_p99:.2f}",
+                    f"{m.p_p50 - m.d_p50:.2f} / {m.p_p99 - m.d_p99:.2f}", f"{m.d_rate:,.0f}", f"{m.p_rate:,.0f}",
+                    _spread([r.p_rate / r.d_rate for r in rounds]), f"{m.cd:,.0f}, {m.sd:,.0f}",
+                    f"{m.cp:,.0f}, {m.sp:,.0f}, {m.px:,.0f}",
+                    *(_cpu_bound(m.cd, m.sd, m.cp, m.sp, m.px, args.workers) if clients > 1 else ("", "")))
+                floor.add_row(mode, str(clients), f"{m.f_p50 - m.d_p50:.2f} / {m.f_p99 - m.d_p99:.2f}",
+                              f"{m.f_rate:,.0f}", _spread([r.f_rate / r.d_rate for r in rounds]), f"{m.fx:,.0f}",
+                              f"{m.px:,.0f}", f"{m.px - m.fx:,.0f}")
         console.print(table)
         console.print(floor)
         console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")

@@ -1,9 +1,10 @@
-"""bench/proxy_overhead.py's CPU bound: the ratio CPU allows and the proxy CPU per call the 0.6
-target needs, against numbers worked out by hand."""
+"""bench/proxy_overhead.py's arithmetic against numbers worked out by hand: the CPU bound (the
+ratio CPU allows, the proxy CPU per call the 0.6 target needs) and the medians over rounds."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ def _bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # the script imports its neighbour procs.py
     spec = importlib.util.spec_from_file_location("bench_proxy_overhead", BENCH / "proxy_overhead.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -32,3 +34,15 @@ def test_cpu_bound_by_hand(monkeypatch):
     assert bench._cpu_bound(55, 120, 58, 178, 311, workers=2) == ("0.44", "164")
     # a stand-in too slow through the proxy for 0.6 whatever the proxy costs: no such P
     assert bench._cpu_bound(10, 100, 10, 200, 50, workers=1)[1] == "nan"
+
+
+def test_medians_over_rounds_by_hand(monkeypatch):
+    bench = _bench(monkeypatch)
+    n = len(bench.fields(bench.Round)) - 1  # every figure but `errors`
+    rounds = [bench.Round(*([float(v)] * n), errors=e) for v, e in ((3, ""), (1, "x"), (10, ""))]
+    mid = bench._median(rounds)
+    assert [getattr(mid, f.name) for f in bench.fields(bench.Round)][:n] == [3.0] * n  # 1, 3, 10 -> 3
+    # the median ratio of the rounds, not the ratio of median rates: 0.5, 0.4, 0.7 -> 0.5
+    assert bench._spread([0.5, 0.4, 0.7]) == "0.50 (0.40–0.70)"
+    assert bench._spread([0.444]) == "0.44"
+    assert bench._spread([0.3, 0.5]) == "0.40 (0.30–0.50)"  # an even count: the mean of the middle two
