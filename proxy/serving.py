@@ -252,7 +252,8 @@ def _stored(data: dict) -> dict:
     `prompt_ids` and `completion_ids` hold them, packed. As JSON a ~700-token prompt is ~3 KB, a
     third of the row, and every byte of a row is written twice (WAL, then checkpoint)."""
     choices = data.get("choices")
-    ids_in = [isinstance(c, dict) and not _ID_FIELDS.isdisjoint(c) for c in choices] if isinstance(choices, list) else []
+    ids_in = ([isinstance(c, dict) and not _ID_FIELDS.isdisjoint(c) for c in choices]
+              if isinstance(choices, list) else [])
     if "prompt_token_ids" not in data and not any(ids_in):
         return data
     out = {k: v for k, v in data.items() if k != "prompt_token_ids"}

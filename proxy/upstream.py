@@ -136,7 +136,7 @@ def checked(ex: Extract) -> Extract:
     """`ex`, once its ids, log-probs and usage have the types the records need (ValueError if not).
     Its token ids become int32 arrays: the check builds them anyway, and the record and the prefix
     index then take them as they are (converting a list of ints costs ~7 ns an id, each time)."""
-    try:  # array() checks every element in C: ints in int32 range, numbers
+    try:  # struct.pack and array() check every element in C: ints in int32 range, numbers
         if ex.prompt_ids is not None:
             ex.prompt_ids = _int32(ex.prompt_ids)
         if ex.completion_ids is not None:
