@@ -30,8 +30,9 @@ pooled seed × task outcomes) of held-out success and tool-call validity, before
 of each algorithm against the warm start and of each pair of algorithms (apart only when the
 intervals do not overlap), and the same paired by seed (a t-interval of the per-seed differences,
 which holds the spread between seeds that the pooled intervals do not; `learning_stats.py`); the
-same for the two skills apart, the first call's tool (action) and item (args); a plot. Everything reported is read back from --out/results.json, so `--report-only`
-renders it again without training.
+same for the two skills apart, the first call's tool (action) and item (args); a plot. Everything
+reported is read back from --out/results.json, so `--report-only` renders it again without
+training.
 
     python bench/learning.py                                   # full: 3 seeds × 4 algorithms, 4 rounds
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
@@ -211,7 +212,8 @@ def report(out: Path, console: Console) -> None:
         table.add_column(col)
     summary = {}
     for algo, rs in runs.items():
-        cells = {k: pooled([r[k] for r in rs], n_eval) for k in ("before", "after", "validity_before", "validity_after")}
+        cells = {k: pooled([r[k] for r in rs], n_eval)
+                 for k in ("before", "after", "validity_before", "validity_after")}
         summary[algo] = cells
         curve = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(a["rounds"])]
         table.add_row(algo, *(f"{m:.3f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cells.values()),

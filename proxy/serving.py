@@ -252,14 +252,14 @@ def _stored(data: dict) -> dict:
     `prompt_ids` and `completion_ids` hold them, packed. As JSON a ~700-token prompt is ~3 KB, a
     third of the row, and every byte of a row is written twice (WAL, then checkpoint)."""
     choices = data.get("choices")
-    ids_in = ([isinstance(c, dict) and not _ID_FIELDS.isdisjoint(c) for c in choices]
-              if isinstance(choices, list) else [])
-    if "prompt_token_ids" not in data and not any(ids_in):
+    in_choices = isinstance(choices, list) and any(isinstance(c, dict) and not _ID_FIELDS.isdisjoint(c)
+                                                   for c in choices)
+    if not in_choices and "prompt_token_ids" not in data:
         return data
     out = {k: v for k, v in data.items() if k != "prompt_token_ids"}
-    if any(ids_in):
-        out["choices"] = [{k: v for k, v in c.items() if k not in _ID_FIELDS} if strip else c
-                          for c, strip in zip(choices, ids_in)]  # type: ignore[arg-type]
+    if in_choices:
+        out["choices"] = [{k: v for k, v in c.items() if k not in _ID_FIELDS} if isinstance(c, dict) else c
+                          for c in choices]  # type: ignore[union-attr]
     return out
 
 
