@@ -22,12 +22,26 @@ def db_url(target: str) -> str:
     return f"sqlite:///{Path(target).expanduser()}"
 
 
+def sqlite_file(engine: Engine) -> Path | None:
+    """The file of a SQLite engine's database; None for PostgreSQL or an in-memory SQLite DB."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return None
+    return Path(engine.url.database)
+
+
+# The size a SQLite WAL is cut back to when it restarts. A reader of an old snapshot (a long
+# compile on a live DB) keeps the WAL from restarting, so it grows meanwhile; without a limit the
+# file would keep that size for good.
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     # WAL + synchronous=NORMAL: a commit survives a killed process (SIGKILL); busy_timeout
     # lets the compiler read while the proxy writes.
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     cur.execute("PRAGMA busy_timeout=10000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()

@@ -10,7 +10,7 @@ The loop must never block on the database, so this connection waits for no lock
 (busy_timeout=0) and never checkpoints the WAL (a checkpoint fsyncs). A batch that finds the
 write lock taken (another process, the rollout API) or meets any error is rolled back and
 handed, unchanged, to the writer thread, which has the waiting, retry, row-by-row and backlog
-logic; the writer thread also runs the WAL checkpoints (`checkpoint()` asks for one).
+logic; the writer thread also runs the WAL checkpoints (`Checkpointer`), when asked for one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from harnessrl.db import sqlite_file
 from harnessrl.proxy.callrows import RowWriter
 
 log = logging.getLogger("harnessrl.proxy.recorder")
@@ -30,23 +31,65 @@ log = logging.getLogger("harnessrl.proxy.recorder")
 # with its request and response is a few 4 KiB pages, so about SQLite's own automatic threshold
 # (1,000 pages)
 CHECKPOINT_CALLS = 400
+# how long the RESTART checkpoint may hold off writers waiting for the lock or for old readers
+RESTART_WAIT_MS = 20
+MAX_SKIP = 64  # checkpoints that skip RESTART after RESTARTs defeated by an old reader
 
 
 def inline_capable(engine: Engine) -> bool:
     """A SQLite file (an in-memory DB shares one connection between threads: no second one)."""
-    return engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+    return sqlite_file(engine) is not None
 
 
-def checkpoint(conn) -> None:
-    """The WAL checkpoint the inline commits leave to the writer thread, on its connection
-    (PASSIVE: it waits for no reader or writer; one that cannot finish is done at the next)."""
-    try:
-        cur = conn.cursor()
-        cur.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        cur.fetchall()
-        cur.close()
-    except Exception as exc:  # noqa: BLE001 - the writer's next batch reports a lost DB
-        log.debug("recorder: WAL checkpoint failed: %s", exc)
+class Checkpointer:
+    """The WAL checkpoints the inline commits leave to the writer thread, run on its connection.
+
+    PASSIVE copies the WAL into the database while the loop goes on committing; it waits for no
+    one, but the loop appends frames meanwhile, so it never ends with the whole WAL copied, and
+    the WAL, which restarts only after a checkpoint that copied all of it, would grow with every
+    call while calls keep coming. RESTART then copies the few frames appended since, holding off
+    writers while it runs (the loop's batches come to this thread meanwhile), so the next commit
+    writes the WAL from its start. It waits at most `RESTART_WAIT_MS` for the write lock and for
+    readers of older snapshots. Such a reader (another process's long read, `harnessrl compile`
+    on a live DB) keeps the WAL from restarting anyway: each RESTART it defeats doubles the
+    number of checkpoints that skip RESTART (up to `MAX_SKIP`), so it does not hold off writers
+    at every checkpoint."""
+
+    def __init__(self) -> None:
+        self.restarts = 0  # RESTART checkpoints that completed
+        self.tried = 0  # RESTART checkpoints attempted
+        self._skip = 0
+        self._backoff = 0
+
+    def __call__(self, conn) -> None:
+        try:
+            cur = conn.cursor()
+            cur.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            cur.fetchall()
+            if self._skip:
+                self._skip -= 1
+            else:
+                self._restart(cur)
+            cur.close()
+        except Exception as exc:  # noqa: BLE001 - the writer's next batch reports a lost DB
+            log.debug("recorder: WAL checkpoint failed: %s", exc)
+
+    def _restart(self, cur) -> None:
+        cur.execute("PRAGMA busy_timeout")
+        (wait,) = cur.fetchone()
+        cur.execute(f"PRAGMA busy_timeout={RESTART_WAIT_MS}")
+        try:
+            self.tried += 1
+            cur.execute("PRAGMA wal_checkpoint(RESTART)")
+            (busy, _, _) = cur.fetchone()
+        finally:
+            cur.execute(f"PRAGMA busy_timeout={int(wait)}")
+        if busy:
+            self._backoff = min(max(1, 2 * self._backoff), MAX_SKIP)
+            self._skip = self._backoff
+        else:
+            self._backoff = 0
+            self.restarts += 1
 
 
 def resolve(done: list[tuple[Any, Exception | None]]) -> None:
@@ -118,12 +161,13 @@ class InlineCommit:
             except Exception:  # noqa: BLE001 - the writer thread reports what is wrong
                 pass
             self._handoff(batch)
-            return
-        if self._metrics is not None:
-            self._metrics.commit(time.perf_counter() - t0)
-        self.committed += sum(out is None for out in outcomes)
-        resolve([(item[1], out) for item, out in zip(batch, outcomes)])
+        else:
+            if self._metrics is not None:
+                self._metrics.commit(time.perf_counter() - t0)
+            self.committed += sum(out is None for out in outcomes)
+            resolve([(item[1], out) for item, out in zip(batch, outcomes)])
+        # a batch handed over is written to the same WAL (by the writer thread): it counts too
         self._since_checkpoint += len(batch)
         if self._since_checkpoint >= CHECKPOINT_CALLS:
-            self._since_checkpoint = 0
+            self._since_checkpoint -= CHECKPOINT_CALLS
             self._checkpoint()

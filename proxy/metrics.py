@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import Engine, func, select
 
+from harnessrl.db import sqlite_file
 from harnessrl.records import UNASSIGNED_ROLLOUT, Rollout
 
 log = logging.getLogger("harnessrl.proxy.calls")
@@ -58,6 +59,11 @@ class ProxyMetrics:
         self._prefix = Gauge("harnessrl_prefix_index_bytes", "Memory held by the prefix index (its estimate)",
                              registry=r)
         r.register(_RunningRollouts(engine, self.db_error))
+        if (db_file := sqlite_file(engine)) is not None:
+            # the checkpoints keep it bounded; a reader of an old snapshot makes it grow meanwhile
+            wal = db_file.with_name(db_file.name + "-wal")
+            Gauge("harnessrl_sqlite_wal_bytes", "Size of the SQLite records DB's write-ahead log file",
+                  registry=r).set_function(lambda: wal.stat().st_size if wal.exists() else 0)
         self._children: dict[tuple, tuple] = {}
 
     def watch(self, queue_depth: Callable[[], float], prefix_bytes: Callable[[], float]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from harnessrl.proxy.callrows import BUSY, CALLS as _CALLS, CallRecord, RecordError, RolloutFinished, RowWriter
-from harnessrl.proxy.inline_commit import InlineCommit, checkpoint, inline_capable, resolve
+from harnessrl.proxy.inline_commit import Checkpointer, InlineCommit, inline_capable, resolve
 from harnessrl.records import escape_nul
 
 __all__ = ["CallRecord", "DatabaseUnavailable", "RecordError", "Recorder", "RolloutBusy", "RolloutFinished"]
@@ -90,6 +90,7 @@ class Recorder:
         self._state, self._last_error = "ok", None
         self._next_try, self._backoff = 0.0, _MIN_BACKOFF
         self._checkpoint_due = False
+        self.checkpoints = Checkpointer()
         self._backlog: deque[CallRecord] = deque(maxlen=backlog)
         self._committed = 0  # by the writer thread
         self._inline = (InlineCommit(engine, self._take_over, lambda: self._queue.put(_CHECKPOINT), metrics)
@@ -143,25 +144,28 @@ class Recorder:
             stop = False
             while not stop:
                 batch, since, stop = self._take()
+                if batch:
+                    self._write_and_answer(batch, since, stop)
+                # after the batch: a batch handed over with the request is part of what it copies
                 if self._checkpoint_due and self._conn is not None:
-                    checkpoint(self._conn)
+                    self.checkpoints(self._conn)
                 self._checkpoint_due = False
-                if not batch:
-                    continue
-                recs = [b[0] for b in batch]
-                t0 = time.perf_counter()
-                try:
-                    outcomes = self._commit_batch(recs)
-                except Exception:  # noqa: BLE001 - the writer must outlive any one batch
-                    log.exception("recorder: unexpected error writing calls %s", [r.id for r in recs])
-                    outcomes = [RecordError(_UNRECORDED)] * len(recs)
-                if self._metrics is not None:
-                    self._metrics.commit(time.perf_counter() - t0)
-                self._committed += sum(e is None for e in outcomes)
-                self._answer(batch, since, outcomes, stop)
         finally:
             if self._conn is not None:
                 self._conn.close()
+
+    def _write_and_answer(self, batch: list[tuple], since: list[float | None], stop: bool) -> None:
+        recs = [b[0] for b in batch]
+        t0 = time.perf_counter()
+        try:
+            outcomes = self._commit_batch(recs)
+        except Exception:  # noqa: BLE001 - the writer must outlive any one batch
+            log.exception("recorder: unexpected error writing calls %s", [r.id for r in recs])
+            outcomes = [RecordError(_UNRECORDED)] * len(recs)
+        if self._metrics is not None:
+            self._metrics.commit(time.perf_counter() - t0)
+        self._committed += sum(e is None for e in outcomes)
+        self._answer(batch, since, outcomes, stop)
 
     def _take(self) -> tuple[list[tuple], list[float | None], bool]:
         """The next batch: calls waiting on a locked rollout row, then what has queued up (a short

@@ -43,6 +43,7 @@ def test_metrics_count_calls_latency_commits_and_rollouts(upstream, tmp_path):
         except openai.InternalServerError:
             pass
         after = _metrics(a.url, "k")
+        wal_bytes = os.path.getsize(tmp_path / "r.db-wal")
         other = _metrics(b.url, "k")
     ok, err = ("harnessrl_proxy_calls_total", (("endpoint", "chat"), ("status", "ok"))), \
         ("harnessrl_proxy_calls_total", (("endpoint", "chat"), ("status", "error")))
@@ -55,6 +56,8 @@ def test_metrics_count_calls_latency_commits_and_rollouts(upstream, tmp_path):
     assert after[("harnessrl_recorder_queue", ())] == 0 and after[("harnessrl_db_errors_total", ())] == 0
     assert after[("harnessrl_prefix_index_bytes", ())] > 0  # the chat calls are held for later turns
     assert ok not in other  # proxy B answered no calls
+    # the WAL's size, read at scrape time (no checkpoint ran: it takes 400 calls)
+    assert after[("harnessrl_sqlite_wal_bytes", ())] == wal_bytes > 0
 
 
 def _free_port() -> int:
