@@ -31,9 +31,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import free_port, stop, wait_ready  # noqa: E402
+from procs import free_port, standin_cmd, stop, wait_ready  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 MSGS = [{"role": "user", "content": "What is the capital of the river country?"}]
 HANG_S = 30.0  # a call not answered in this long counts as a hang
 
@@ -356,9 +355,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="harnessrl-faults-"))
     build_tokenizer().save_pretrained(tmp / "tok")
     port = free_port()
-    standin = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
-                                str(tmp / "tok"), "--port", str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    standin = subprocess.Popen(standin_cmd(tmp / "tok", port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     upstream = f"http://127.0.0.1:{port}"
     probes: list[Probe] = []
     try:

@@ -1,14 +1,29 @@
-"""Process plumbing shared by the bench scripts: a free port, waiting for a server to listen or
-answer, and stopping servers (SIGINT, then a kill)."""
+"""Process plumbing shared by the bench scripts: the command lines of the vLLM stand-in and the
+proxy, a free port, waiting for a server to listen or answer, and stopping servers (SIGINT, then
+a kill)."""
 
 from __future__ import annotations
 
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def standin_cmd(tokenizer: str | Path, port: int) -> list[str]:
+    """The vLLM stand-in (tests/vllm_standin.py) serving `tokenizer` on `port`."""
+    return [sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer", str(tokenizer), "--port", str(port)]
+
+
+def proxy_cmd(*args: str) -> list[str]:
+    """`harnessrl proxy ARGS...` run by this interpreter (whatever `harnessrl` PYTHONPATH gives it)."""
+    return [sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy", *args]
 
 
 def free_port() -> int:

@@ -20,6 +20,10 @@ and proxy; no proxy direct). "Proxy CPU for 0.6" is the largest P at which that 
 the proxy is still 0.6 of the direct one: what the target asks of the proxy on this machine.
 At 1 client the runs are bound by latency, not CPU, and these two columns are left empty.
 
+With the default SQLite DB it also prints the largest size the WAL had when a proxied load
+ended: the proxy's checkpoints must keep it bounded however long the load lasts. The temporary
+directory with the DB is removed at the end.
+
 Then the same load through a bare forwarder (`forwarder.py`: the proxy's server stack and
 upstream pool, nothing else): what any proxy process of this stack costs on this machine, in
 added latency, throughput and CPU, so the proxy's own work is what it costs above that.
@@ -31,6 +35,7 @@ import argparse
 import asyncio
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,9 +49,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import free_port, stop, wait_http, wait_ready  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from procs import ROOT, free_port, proxy_cmd, standin_cmd, stop, wait_http, wait_ready  # noqa: E402
 # The load the issue specifies: a ~300-word prompt, log-probs and token ids asked for (so the
 # stand-in does the same work direct as behind the proxy, which asks for them anyway).
 _WORDS = ("the river country keeps its capital where the two old roads cross the water and every "
@@ -158,7 +161,7 @@ class Round:
     """One measurement of a mode: direct, through the proxy, through the forwarder, back to back.
     Latencies in ms, rates in calls/s (the proxy's: calls committed, counted in the DB), CPU in
     µs a call: load generator, stand-in direct (cd, sd); load, stand-in, proxy proxied (cp, sp,
-    px); forwarder (fx)."""
+    px); forwarder (fx); the WAL of a SQLite DB when the proxied load ended."""
 
     d_p50: float
     d_p99: float
@@ -175,7 +178,14 @@ class Round:
     sp: float
     px: float
     fx: float
+    wal_mb: float = 0.0  # the SQLite WAL's size right after the proxied load (MB)
     errors: str = ""
+
+
+def wal_mb(db: str) -> float:
+    """The size of a SQLite file DB's WAL in MB (0 for a database URL or no WAL)."""
+    wal = Path(db + "-wal")
+    return wal.stat().st_size / 1e6 if "://" not in db and wal.exists() else 0.0
 
 
 def _round(db: str, upstream: int, proxy: int, fwd: int, urls: tuple[str, str, str], clients: int, duration: float,
@@ -186,6 +196,7 @@ def _round(db: str, upstream: int, proxy: int, fwd: int, urls: tuple[str, str, s
     t0 = time.perf_counter()
     p_lat, p_err, p_cpu = _measured(upstream, proxy, through, clients, duration, stream)
     elapsed = time.perf_counter() - t0
+    wal = wal_mb(db)
     recorded = _count_calls(db) - before
     f_lat, f_err, f_cpu = _measured(upstream, fwd, bare, clients, duration, stream)
     (cd, sd, _), (cp, sp, px), (_, _, fx) = ([x / max(len(lat), 1) * 1e6 for x in cpu] for lat, cpu in
@@ -194,7 +205,7 @@ def _round(db: str, upstream: int, proxy: int, fwd: int, urls: tuple[str, str, s
               if d_err or p_err or f_err or recorded != len(p_lat) else "")
     return Round(_pct(d_lat, .5), _pct(d_lat, .99), _pct(p_lat, .5), _pct(p_lat, .99), _pct(f_lat, .5),
                  _pct(f_lat, .99), len(d_lat) / duration, recorded / elapsed, len(f_lat) / duration,
-                 cd, sd, cp, sp, px, fx, errors)
+                 cd, sd, cp, sp, px, fx, wal, errors)
 
 
 def _median(rounds: list[Round]) -> Round:
@@ -225,11 +236,9 @@ def main() -> None:
     build_tokenizer().save_pretrained(tmp / "tok")
     up_port, px_port, fw_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
-                                 str(tmp / "tok"), "--port", str(up_port)], env=env)
-    proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
-                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port), "--no-ui",
-                              *(["--workers", str(args.workers)] if args.workers != 1 else [])],
+    upstream = subprocess.Popen(standin_cmd(tmp / "tok", up_port), env=env)
+    proxy = subprocess.Popen(proxy_cmd("--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port),
+                                       "--no-ui", *(["--workers", str(args.workers)] if args.workers != 1 else [])),
                              env=env, stderr=subprocess.DEVNULL)
     fwd = subprocess.Popen([sys.executable, str(ROOT / "bench" / "forwarder.py"), "--upstream",
                             f"http://127.0.0.1:{up_port}", "--port", str(fw_port)], env=env)
@@ -252,6 +261,7 @@ def main() -> None:
         for col in ("mode", "clients", "added p50/p99 ms", "calls/s", "ratio", "forwarder CPU µs/call",
                     "proxy CPU µs/call", "proxy − forwarder"):
             floor.add_column(col, justify="right")
+        walls: list[float] = []
         for stream in (False, True):
             for clients in (args.clients, 1):
                 mode = "stream" if stream else "non-stream"
@@ -260,6 +270,7 @@ def main() -> None:
                     r = _round(db, upstream.pid, proxy.pid, fwd.pid, (direct, through, bare), clients, args.duration,
                                stream)
                     rounds.append(r)
+                    walls.append(r.wal_mb)
                     if r.errors:
                         console.print(f"[yellow]{mode}@{clients}: {r.errors}[/yellow]")
                 m = _median(rounds)
@@ -274,9 +285,12 @@ def main() -> None:
                               f"{m.px:,.0f}", f"{m.px - m.fx:,.0f}")
         console.print(table)
         console.print(floor)
+        if "://" not in db:  # the checkpoints keep it bounded (it grew without bound under load before)
+            console.print(f"SQLite WAL when a proxied load ended: at most {max(walls):.1f} MB")
         console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")
     finally:
         stop(proxy, fwd, upstream)
+        shutil.rmtree(tmp, ignore_errors=True)  # the DB (hundreds of MB; `--db` keeps its own)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import free_port, stop, wait_http  # noqa: E402
-from proxy_overhead import ROOT, run_load  # noqa: E402
+from procs import free_port, proxy_cmd, standin_cmd, stop, wait_http  # noqa: E402
+from proxy_overhead import run_load  # noqa: E402
 
 
 def _size(db: str) -> int:
@@ -56,10 +56,8 @@ def measure(db: str, tok: Path, duration: float) -> tuple[int, int, int]:
 
     open_db(db)[0].dispose()  # schema first, so its empty size is not counted
     up_port, px_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer", str(tok),
-                                 "--port", str(up_port)])
-    proxy = subprocess.Popen([sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy",
-                              "--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)],
+    upstream = subprocess.Popen(standin_cmd(tok, up_port))
+    proxy = subprocess.Popen(proxy_cmd("--upstream", f"http://127.0.0.1:{up_port}", "--db", db, "--port", str(px_port)),
                              stderr=subprocess.DEVNULL)
     try:
         wait_http(up_port, upstream, "stand-in")

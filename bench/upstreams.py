@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import free_port, stop, wait_http  # noqa: E402
-from proxy_overhead import BODY, ROOT, _count_calls, _cpu_s, _pct  # noqa: E402
+from procs import free_port, proxy_cmd, standin_cmd, stop, wait_http  # noqa: E402
+from proxy_overhead import BODY, _count_calls, _cpu_s, _pct  # noqa: E402
 
 
 async def _load(url: str, clients: int, duration: float, sessions: int) -> tuple[list[float], int]:
@@ -84,16 +84,14 @@ def main() -> None:
     build_tokenizer().save_pretrained(tmp / "tok")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ports = [free_port() for _ in range(3)]
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "vllm_standin.py"), "--tokenizer",
-                               str(tmp / "tok"), "--port", str(p)], env=env) for p in ports]
+    procs = [subprocess.Popen(standin_cmd(tmp / "tok", p), env=env) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     proxies = {}
     # "1 ring": the first stand-in given twice — the ring's code path with one upstream, which
     # separates the cost of routing from the cost of three stand-ins sharing this machine
     for n, ups in ((1, urls[:1]), ("1 ring", urls[:1] * 2), (3, urls)):
         port, db = free_port(), str(tmp / f"bench{n}.db")
-        cmd = [sys.executable, "-c", "from harnessrl.app.cli import main; main()", "proxy", "--db", db,
-               "--port", str(port), "--no-ui"] + [a for u in ups for a in ("--upstream", u)]
+        cmd = proxy_cmd("--db", db, "--port", str(port), "--no-ui", *[a for u in ups for a in ("--upstream", u)])
         proxies[n] = (subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}", db)
         procs.append(proxies[n][0])
     console = Console(width=140)

@@ -1,9 +1,12 @@
 """bench/proxy_overhead.py's arithmetic against numbers worked out by hand: the CPU bound (the
-ratio CPU allows, the proxy CPU per call the 0.6 target needs) and the medians over rounds."""
+ratio CPU allows, the proxy CPU per call the 0.6 target needs) and the medians over rounds; and
+the base commit's package tree that bench/proxy_ab.py runs."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,3 +49,24 @@ def test_medians_over_rounds_by_hand(monkeypatch):
     assert bench._spread([0.5, 0.4, 0.7]) == "0.50 (0.40–0.70)"
     assert bench._spread([0.444]) == "0.44"
     assert bench._spread([0.3, 0.5]) == "0.40 (0.30–0.50)"  # an even count: the mean of the middle two
+
+
+def test_ab_bench_imports_the_base_tree_it_assembles(monkeypatch, tmp_path):
+    """bench/proxy_ab.py runs the base commit's proxy from a package tree of symlinks that follows
+    pyproject.toml's package-dir map: a proxy started on it must import the base's modules, not
+    this checkout's installed ones."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_proxy_ab", BENCH / "proxy_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    tree = Path(__file__).resolve().parents[1]
+    shim = module.package_tree(tree, tmp_path / "pkg")
+    code = ("import harnessrl.proxy.recorder as r, harnessrl.migrations.versions as v, harnessrl.records as m; "
+            "print(r.__file__); print(v.__path__[0]); print(m.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(shim)}, cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(shim / "harnessrl" / "proxy" / "recorder.py"),
+                   str(shim / "harnessrl" / "migrations" / "versions"),
+                   str(shim / "harnessrl" / "records.py")]
+    assert Path(out[0]).resolve() == tree / "proxy" / "recorder.py"
