@@ -3,6 +3,7 @@ a DOM dump cannot show — the page's script reacting to clicks, hovers and time
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -38,6 +39,17 @@ class Page:
     def goto(self, url: str) -> None:
         self.send("Page.navigate", url=url)
         self.wait_for("document.readyState === 'complete' && document.documentElement.dataset.js === 'on'")
+
+    def click(self, element: str) -> None:
+        """A real mouse click (pressed and released) at the middle of `element` (a JS expression),
+        scrolled into view first: what a user's click does, default actions included."""
+        box = self.eval(f"(e => {{ e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); "
+                        f"return [r.left + Math.min(r.width / 2, 40), r.top + r.height / 2]; }})({element})")
+        for kind in ("mousePressed", "mouseReleased"):
+            self.send("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+    def screenshot(self, path: Path) -> None:
+        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
 
     def wait_for(self, expression: str, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout

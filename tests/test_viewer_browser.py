@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 from cdp import chromium_page
-from viewer_fixtures import ONERROR, PAYLOAD, SCRIPT, compile_samples, record_all, serve
+from viewer_fixtures import ONERROR, PAYLOAD, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all, serve
 
 from harnessrl.client import HarnessRL
 from harnessrl.proxy.local_backend import LocalBackend
@@ -180,3 +180,64 @@ def test_the_viewer_in_the_recording_proxy_shows_new_calls(tiny_model_dir, tmp_p
             viewer.state.engine.dispose()
     finally:
         backend.close()
+
+
+@pytest.fixture(scope="module")
+def long_site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("long")
+    db = str(tmp / "runs.db")
+    ids = insert_long_session(db)
+    viewer = create_viewer(db)
+    with serve(standalone(viewer)) as url:
+        yield url + "/ui", ids, tmp
+    viewer.state.engine.dispose()
+
+
+MAIN_ROWS = "[...document.querySelectorAll('details.call')].filter(d => !d.closest('details.side'))"
+
+
+def test_a_100_turn_session_stays_readable(long_site, shots):
+    """A CLI coding session of 100 tool turns (viewer_fixtures.insert_long_session): the chain
+    is drawn flat (one left edge for 100 calls, the refused attempt one step in), the page opens
+    on the main agent with the side agents folded, rows are one line each, and a call's tool
+    schemas and tool results open on a click."""
+    url, ids, tmp = long_site
+    with chromium_page(CHROMIUM, tmp / "cdp") as tab:
+        tab.send("Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1, mobile=False)
+        tab.goto(f"{url}/rollouts/{ids['rollout']}")
+        assert tab.eval("document.querySelector('details.call').id") == f"call-{ids['main'][0]}"  # not the title call
+        lefts = dict(tab.eval(f"{MAIN_ROWS}.map(d => [d.id, d.getBoundingClientRect().left])"))
+        assert len(lefts) == 101  # 100 turns and the refused first attempt of turn 40
+        spine = {lefts[f"call-{c}"] for c in ids["main"]}
+        assert len(spine) == 1  # flat: a staircase would move each turn right
+        fork = lefts[f"call-{ids['error']}"] - spine.pop()
+        assert 10 < fork < 40  # the refused attempt forks off turn 39: one step in
+        refused = f"document.getElementById('call-{ids['error']}')"
+        assert RATE_LIMITED in tab.eval(f"{refused}.querySelector('summary').innerText")  # its reason, unopened
+        assert tab.eval(f"{refused}.querySelector('.preview').getBoundingClientRect().width") > 100
+        assert tab.eval(f"Math.max(...{MAIN_ROWS}.map(d => d.getBoundingClientRect().height))") < 40  # one line each
+        height = tab.eval("document.documentElement.scrollHeight")
+        assert height < 101 * 40 + 1500, height  # rows, the timeline and the rewards: no walls of text
+        sides = tab.eval("[...document.querySelectorAll('details.side')].map(d => [d.open, "
+                         "d.querySelectorAll('details.call').length, "
+                         "[...d.querySelectorAll('details.call')].filter(c => c.checkVisibility()).length, "
+                         "d.getBoundingClientRect().height < 40])")
+        assert sides == [[False, 2, 0, True], [False, 3, 0, True]]  # haiku's two calls, the explore sub-agent: folded
+        tab.screenshot(shots / "viewer-long-session.png")
+
+        first = f"document.getElementById('call-{ids['main'][0]}')"
+        assert tab.eval(f"{MAIN_ROWS}.filter(d => d.querySelector('details.schemas')).length") == 1  # sent once
+        tab.click(f"{first}.querySelector('summary')")
+        assert tab.eval(f"{first}.open")
+        params = f"{first}.querySelector('details.schemas pre.params')"
+        assert not tab.eval(f"{params}.checkVisibility()")  # the schemas are folded in the open call
+        tab.click(f"{first}.querySelector('details.schemas > summary')")
+        assert tab.eval(f"{params}.checkVisibility() && {params}.getBoundingClientRect().height") > 20 and '"command"' in tab.eval(f"{params}.innerText")
+
+        second = f"document.getElementById('call-{ids['main'][1]}')"
+        result = f"{second}.querySelector('details.tool-result pre')"
+        tab.click(f"{second}.querySelector('summary')")
+        assert not tab.eval(f"{result}.checkVisibility()")
+        tab.click(f"{second}.querySelector('details.tool-result > summary')")
+        assert tab.eval(f"{result}.checkVisibility()") and "case0: 1 passed" in tab.eval(f"{result}.innerText")
+        tab.screenshot(shots / "viewer-long-session-open.png")

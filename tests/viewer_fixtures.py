@@ -7,8 +7,11 @@ served by uvicorn on a real socket."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 from asgi_thread import serve_in_thread
@@ -17,7 +20,7 @@ from harnessrl.client import HarnessRL
 from harnessrl.db import open_db
 from harnessrl.proxy.local_backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
-from harnessrl.records import Call, Reward, Rollout, pack_ids, pack_logprobs
+from harnessrl.records import TEXT_ONLY, Call, Reward, Rollout, pack_ids, pack_logprobs
 
 SCRIPT = "<script>document.title='pwned'</script>"
 ONERROR = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"
@@ -88,6 +91,80 @@ def insert_crafted(db: str, model_dir: Path) -> str:
         s.add(Reward(rollout_id="crafted", kind="outcome", name="outcome", value=1.0, created_at=time.time()))
     engine.dispose()
     return "crafted"
+
+
+LONG_TOOLS = [
+    {"type": "function", "function": {"name": "Bash", "description": "Run a shell command in the workspace.",
+                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                                                     "required": ["command"]}}},
+    {"type": "function", "function": {"name": "Read", "description": "Read a file of the workspace.",
+                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                     "required": ["path"]}}}]
+RATE_LIMITED = "429 rate_limit_error: upstream says slow down"
+
+
+def insert_long_session(db: str, rollout_id: str = "long", turns: int = 100, token_ids: bool = True) -> dict[str, Any]:
+    """A coding agent's session as a CLI harness records it: agent `claude` runs `turns` tool
+    turns (each prompt = the previous prompt + its reply + a tool result); turn 40 is first
+    refused upstream (an error call) and retried; a `haiku` agent makes a title call before the
+    loop and another in the middle; turn 10 dispatches a 3-call `explore` sub-agent (session
+    `sub1`). `token_ids=False`: the same session through a text-only upstream (no token ids).
+    Returns the call ids by role."""
+    engine, make = open_db(db)
+    now = time.time()
+    seq = itertools.count()
+    rows: list[Call] = []
+    out: dict[str, Any] = {"rollout": rollout_id, "main": [], "haiku": [], "explore": []}
+
+    def add(agent, messages, prompt, completion, tool_calls=None, text=None, status="ok", error=None,
+            session=None, parent=None) -> str:
+        i = next(seq)
+        ok, ids = status == "ok", token_ids and status == "ok"
+        rows.append(Call(id=f"{rollout_id}-c{i:03d}", rollout_id=rollout_id, seq=i, agent=agent, session_id=session,
+                         parent_call_id=parent, endpoint="chat", model="claude-sonnet", stream=True,
+                         request={"messages": messages, "tools": LONG_TOOLS}, response_text=text if ok else None,
+                         tool_calls=tool_calls if ok else None, status=status, error=error,
+                         prompt_ids=pack_ids(prompt) if ids else None, completion_ids=pack_ids(completion) if ids else None,
+                         prompt_path=("prefix" if ids else TEXT_ONLY) if ok else None, prompt_tokens=len(prompt),
+                         completion_tokens=len(completion) if ok else None, latency_ms=100.0 + i, created_at=now + i))
+        return rows[-1].id
+
+    out["haiku"].append(add("haiku", [{"role": "user", "content": "Title for: fix the failing tests"}], [5, 6],
+                            [7], text="Fix failing tests"))
+    messages = [{"role": "system", "content": "You are a coding agent. " * 40},
+                {"role": "user", "content": "Fix the failing tests."}]
+    prompt = [1, 2, 3, 4]
+    for t in range(turns):
+        completion = [100 + t % 50, 101, 102]
+        last = t == turns - 1
+        call = {"id": f"tc{t}", "type": "function", "function": {"name": "Bash", "arguments": json.dumps(
+            {"command": f"pytest -k case{t}"})}}
+        if t == 40:
+            out["error"] = add("claude", list(messages), prompt, [], status="error", error=RATE_LIMITED)
+        cid = add("claude", list(messages), prompt, completion, None if last else [call],
+                  "Done: all tests pass." if last else None)
+        out["main"].append(cid)
+        if t == 10:
+            sub = [{"role": "user", "content": "Explore the test layout."}]
+            sub_prompt = [900, 901]
+            for k in range(3):
+                out["explore"].append(add("explore", list(sub), sub_prompt, [910 + k], text=f"found {k}",
+                                          session="sub1", parent=cid))
+                sub += [{"role": "assistant", "content": f"found {k}"}, {"role": "user", "content": "more"}]
+                sub_prompt = sub_prompt + [910 + k, 920]
+        if t == 60:
+            out["haiku"].append(add("haiku", [{"role": "user", "content": "Summarise progress"}], [8], [9],
+                                    text="Halfway"))
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"tc{t}", "content": f"case{t}: 1 passed\n" + "ok\n" * 3}]
+        prompt = prompt + completion + [200 + t % 50, 201]
+    with make.begin() as s:
+        s.add(Rollout(id=rollout_id, task_id="long", run="cli", status="finished", next_seq=next(seq),
+                      created_at=now, finished_at=now + 200))
+        s.flush()
+        s.add_all(rows)
+    engine.dispose()
+    return out
 
 
 def record_all(db: str, model_dir: Path) -> dict[str, str]:

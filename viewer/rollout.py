@@ -7,6 +7,7 @@ The result is plain data (dicts and lists), rendered by the template and served 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,14 @@ from sqlalchemy import Engine, select
 from harnessrl.compiler.trees import CallTokens, build_forest, session_key
 from harnessrl.messages import content_text
 from harnessrl.records import Call, Reward, Rollout, unpack_ids, unpack_logprobs
+from harnessrl.viewer.flow import same_tools, sessions
 from harnessrl.viewer.labels import Labeller, class_name, labeller
 from harnessrl.viewer.samples import Samples
 
 MAX_SAMPLE_TOKENS = 4000  # tokens of one sample shown (the rest is summarised)
+PREVIEW = 160  # characters of a call's one-line preview (its action, reply or error)
+MAX_BLOCKS_JSON = 4000  # characters of a text-less content's JSON shown
+FOLDED_ROLES = ("tool", "system", "developer")  # tool results and system prompts: shown on demand
 
 
 def lp_bucket(lp: float | None) -> int:
@@ -52,15 +57,60 @@ def find_tokenizer(engine: Engine, given: str | None) -> str | None:
 def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     if "messages" in request:
         return request.get("messages") or []
-    prompt = request.get("prompt")
-    return [{"role": "prompt", "content": prompt if isinstance(prompt, str) else str(prompt)}]
+    if "prompt" in request:
+        prompt = request["prompt"]
+        return [{"role": "prompt", "content": prompt if isinstance(prompt, str) else str(prompt)}]
+    # a call refused before translation keeps only its surface's own body (Anthropic messages
+    # or Responses input), shown as it came
+    own = request.get("harnessrl_surface")
+    body = own.get("body") if isinstance(own, dict) else None
+    if not isinstance(body, dict):
+        return []
+    if isinstance(body.get("messages"), list):
+        return body["messages"]
+    items = body.get("input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    return [{"role": str(i.get("role") or i.get("type")), "content": i.get("content", i.get("output", i.get("arguments")))}
+            for i in items or [] if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def _clip(text: str, n: int = PREVIEW) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
 
 
 def _message_view(m: dict[str, Any]) -> dict[str, Any]:
     calls = [{"name": (tc.get("function") or {}).get("name"), "arguments": (tc.get("function") or {}).get("arguments")}
              for tc in m.get("tool_calls") or [] if isinstance(tc, dict)]
-    return {"role": str(m.get("role", "?")), "content": content_text(m.get("content")), "tool_calls": calls,
-            "name": m.get("name") or m.get("tool_call_id")}
+    raw = m.get("content")
+    # content blocks without text (tool_use, tool_result of a surface's own body) as their JSON
+    content = content_text(raw) or ("" if raw in (None, "", []) else json.dumps(raw, ensure_ascii=False))
+    if len(content) > MAX_BLOCKS_JSON and not content_text(raw):  # e.g. an image's base64
+        content = f"{content[:MAX_BLOCKS_JSON]}… ({len(content)} characters)"
+    role = str(m.get("role", "?"))
+    return {"role": role, "content": content, "tool_calls": calls, "name": m.get("name") or m.get("tool_call_id"),
+            "fold": role in FOLDED_ROLES, "first": _clip(content, 100), "size": len(content)}
+
+
+def _tool_schema(t: Any) -> dict[str, Any]:
+    """A request's tool, in any surface's shape: chat (`function: {…}`), Responses (flat) or
+    Anthropic (`input_schema`)."""
+    if not isinstance(t, dict):
+        return {"name": "?", "description": "", "parameters": json.dumps(t)}
+    f = t["function"] if isinstance(t.get("function"), dict) else t
+    params = f.get("parameters", f.get("input_schema"))
+    return {"name": str(f.get("name") or t.get("type") or "?"), "description": str(f.get("description") or ""),
+            "parameters": "" if params is None else json.dumps(params, indent=2, ensure_ascii=False)}
+
+
+def _preview(c: Any, tool_calls: list[dict[str, Any]]) -> str:
+    """The call at a glance: its error, else the tools it called, else the start of its reply."""
+    if c.status != "ok" and c.error:
+        return _clip(c.error)
+    if tool_calls:
+        return _clip("→ " + ", ".join(f"{tc['name']}({tc['arguments'] or ''})" for tc in tool_calls))
+    return _clip(c.response_text or "")
 
 
 def _tokens(lab: Labeller | None, ids: np.ndarray | None, classes: np.ndarray | None,
@@ -112,16 +162,22 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         elif r.call_id:
             process.setdefault(r.call_id, {})[r.name] = r.value
     forest = build_forest(list(tokens.values()))
-    # a call shows the messages it added: those after its tree parent's messages and reply (only
-    # these are kept, so a long session is not quadratic in its history)
-    n_messages = {c.id: len(_messages(c.request or {})) for c in calls}
-    added_from = {n.call.call_id: min(n_messages[t.nodes[n.parent].call.call_id] + 1, n_messages[n.call.call_id])
-                  for t in forest for n in t.nodes if n.parent >= 0 and by_id[n.call.call_id].endpoint == "chat"}
+    messages = {c.id: _messages(c.request or {}) for c in calls}
+    flow = sessions(calls, forest, messages)
+    # a call shows the messages it added: those after its parent's messages and reply (the
+    # parent's completion shows that), so a long session is not quadratic in its history
+    added_from = {r["call"]: min(len(messages[r["parent"]]) + (by_id[r["parent"]].status == "ok"),
+                                 len(messages[r["call"]]))
+                  for s in flow["sessions"] for r in s["rows"]
+                  if r["parent"] is not None and by_id[r["call"]].endpoint == "chat"}
+    same = same_tools(calls)
     views = {c.id: _call_view(c, tokens.get(c.id), classes.get(c.id), lab, process.get(c.id, {}),
-                              added_from.get(c.id, 0)) for c in calls}
+                              added_from.get(c.id, 0), messages[c.id], same.get(c.id)) for c in calls}
     trees = [_tree_view(t, by_id) for t in forest]
     if samples is not None:
         _attach_samples(trees, samples.of_rollout(rollout_id), lab)
+    for s in flow["sessions"]:  # a session holds its compiler tree's samples (the same key)
+        s["samples"] = next((t["samples"] for t in trees if t["key"] == s["key"]), [])
     return {
         "rollout": {"id": ro.id, "task": ro.task_id, "group": ro.group_id, "run": ro.run, "status": ro.status,
                     "started": ro.created_at, "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
@@ -134,13 +190,18 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         "timeline": _timeline(calls),
         "trees": trees,
         "untreed": [views[c.id]["id"] for c in calls if c.id not in tokens],
+        **flow,
         "has_samples": samples is not None,
     }
 
 
 def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: Labeller | None,
-               process: dict[str, float], added_from: int) -> dict[str, Any]:
+               process: dict[str, float], added_from: int, messages: list[Any],
+               tools_same_as: str | None) -> dict[str, Any]:
     completion = ct.completion if ct is not None else None
+    tool_calls = [_message_view({"tool_calls": [tc]})["tool_calls"][0] for tc in c.tool_calls or []
+                  if isinstance(tc, dict)]
+    tools = (c.request or {}).get("tools") or []
     return {
         "id": c.id, "seq": c.seq, "agent": c.agent, "session_id": c.session_id,
         "key": session_key(c.session_id, c.agent), "parent_call_id": c.parent_call_id, "endpoint": c.endpoint,
@@ -148,10 +209,12 @@ def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: L
         "latency_ms": c.latency_ms, "weight_version": c.weight_version, "prompt_path": c.prompt_path,
         "prefix_call_id": c.prefix_call_id, "drift": c.drift, "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens, "response_text": c.response_text,
-        "tool_calls": [_message_view({"tool_calls": [tc]})["tool_calls"][0] for tc in c.tool_calls or []
-                       if isinstance(tc, dict)],
+        "tool_calls": tool_calls, "preview": _preview(c, tool_calls),
         "added_from": added_from,  # messages before this index were already in the tree parent
-        "messages": [_message_view(m) for m in _messages(c.request or {})[added_from:] if isinstance(m, dict)],
+        "messages": [_message_view(m) for m in messages[added_from:] if isinstance(m, dict)],
+        # the schemas when they differ from the session's previous call's, else that call
+        "n_tools": len(tools) if isinstance(tools, list) else 0, "tools_same_as": tools_same_as,
+        "tools": [] if tools_same_as or not isinstance(tools, list) else [_tool_schema(t) for t in tools],
         "tokens": _tokens(lab, completion, classes, ct.logprobs if ct is not None else None),
         "process": process,
     }
