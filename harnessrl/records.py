@@ -89,6 +89,10 @@ class Rollout(Base):
     next_seq: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # calls answered with an error while the rollout ran (its `error` call rows, counted in the
+    # transaction that writes them): compile leaves such rollouts out of their groups, and the
+    # viewer filters on it without reading calls. Indexed: almost every value is 0.
+    errors: Mapped[int] = mapped_column(Integer, default=0, server_default="0", index=True)
 
 
 class Call(Base):
@@ -100,6 +104,10 @@ class Call(Base):
     agent: Mapped[str | None] = mapped_column(String(128), nullable=True)
     parent_call_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(32))  # chat | completions | embeddings
+    # the API surface the call came in through: chat | completions | embeddings | responses |
+    # messages | responses-ws (NULL: recorded before the column existed, and not backfilled)
+    surface: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    client: Mapped[str | None] = mapped_column(String(128), nullable=True)  # the harness's User-Agent, cut to 128
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     # request: messages / prompt, tools, tool_choice, sampling params (never auth)

@@ -58,6 +58,7 @@ from harnessrl.proxy.upstream_anthropic import ANTHROPIC_DIALECT
 from harnessrl.proxy.upstream_responses import RESPONSES_DIALECT
 from harnessrl.proxy.upstream_tokens import UpstreamTokens
 from harnessrl.proxy.upstreams_life import start_upstreams, stop_upstreams
+from harnessrl.proxy.volatile import Volatile
 from harnessrl.proxy.weights_drain import push_all
 from harnessrl.proxy.validate import parse_json
 
@@ -146,7 +147,8 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
         ups = start_upstreams(cfg, make_pool, metrics.registry) if cfg.several else None
         pool = ups.all[0].pool if ups is not None else make_pool(cfg.upstream) if cfg.upstream else None
-        serving = Serving(_route(cfg, backend, pool), recorder, statuses, cfg.prefix_cache_bytes, metrics)
+        serving = Serving(_route(cfg, backend, pool), recorder, statuses, cfg.prefix_cache_bytes, metrics,
+                          Volatile(cfg.volatile_patterns), hold=cfg.prefix_mode)
         metrics.watch(lambda: recorder.queue_depth, lambda: serving.index.nbytes)
         state.update(serving=serving, recorder=recorder, pool=pool, upstreams=ups)
         # What exists now (modules, the app, the tokenizer) lives as long as the process: frozen,

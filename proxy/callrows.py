@@ -10,6 +10,11 @@ at most its busy_timeout), so it needs no skipping.
 
 A call whose rollout is no longer running is written as a failed call (its row shows what was
 attempted) and answered `RolloutFinished`.
+
+A failed call (status `error`) adds one to its rollout's `errors` in the same statement that
+allocates the seq, while the rollout runs: a rollout finished meanwhile keeps the count its
+outcome was given with. A batch without failed calls runs the statement without `errors`, so
+the column's index costs ok calls nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ class RecordError(Exception):
 
 
 class RolloutFinished(RecordError):
-    """The call's rollout was finished before the call could be recorded (409); the call is
+    """The call's rollout was finished before the call could be recorded (410); the call is
     recorded as failed."""
 
 
@@ -99,6 +104,9 @@ class RowWriter:
         row = f"(SELECT id FROM rollouts WHERE id = {m} FOR UPDATE SKIP LOCKED)" if dialect == "postgresql" else m
         self._skips_locked = dialect == "postgresql"
         self._bump = f"UPDATE rollouts SET next_seq = next_seq + {m} WHERE id = {row} RETURNING next_seq, status"
+        self._bump_errors = (f"UPDATE rollouts SET next_seq = next_seq + {m}, "
+                             f"errors = errors + CASE WHEN status = 'running' THEN {m} ELSE 0 END "
+                             f"WHERE id = {row} RETURNING next_seq, status")
         self._exists = f"SELECT 1 FROM rollouts WHERE id = {m}"
         self._ensure_unassigned = (
             f"INSERT INTO rollouts (id, status, next_seq, created_at) VALUES ({m}, 'running', 0, {m}) "
@@ -119,7 +127,11 @@ class RowWriter:
         # sorted: concurrent proxies lock rollout rows in the same order (no deadlock)
         for rid in sorted(by_rollout):
             idx = by_rollout[rid]
-            cur.execute(self._bump, (len(idx), rid))
+            failed = sum(recs[i].status == "error" for i in idx)
+            if failed:
+                cur.execute(self._bump_errors, (len(idx), failed, rid))
+            else:
+                cur.execute(self._bump, (len(idx), rid))
             got = cur.fetchall()
             if not got:
                 missing = not (self._skips_locked and self._present(cur, rid))
@@ -132,7 +144,7 @@ class RowWriter:
                 rec = recs[i]
                 if finished:
                     outcomes[i] = RolloutFinished(finished_error(rid))
-                    refused = f"409 invalid_request_error: {finished_error(rid)}"
+                    refused = f"410 invalid_request_error: {finished_error(rid)}"
                     if not (rec.error or "").startswith(refused):  # a batch retried row by row
                         rec.status = "error"
                         rec.error = refused + (f" (after {rec.error})" if rec.error else "")

@@ -64,6 +64,11 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                                              "does not exist (404) instead of creating it on first use."),
         prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Memory bound of the prefix index "
                                               "(recent calls per session, for prefix-consistent prompts), MiB."),
+        volatile_pattern: list[str] = typer.Option(None, "--volatile-pattern", metavar="REGEX", help="A prompt "
+                                                   "span the harness changes every call (a hash, a timestamp), "
+                                                   "besides the built-in ones such as Claude Code's cch=: with "
+                                                   "--prefix a session's later calls get the earlier value, so "
+                                                   "their prompts extend. Repeatable."),
         db_lock_timeout: float = typer.Option(5.0, "--db-lock-timeout", help="PostgreSQL: seconds a statement "
                                               "may wait for a lock (and a call for its locked rollout row)."),
         db_statement_timeout: float = typer.Option(30.0, "--db-statement-timeout",
@@ -103,7 +108,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           max_metadata_bytes=int(max_metadata_kb * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
                           log_level=log_level, log_format=log_format, strict_rollouts=strict_rollouts,
-                          prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024), db_lock_timeout_s=db_lock_timeout,
+                          prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024),
+                          volatile_patterns=tuple(volatile_pattern or ()), db_lock_timeout_s=db_lock_timeout,
                           db_statement_timeout_s=db_statement_timeout, workers=workers)
         cfg.check()
         log_config = configure(log_format, log_level)

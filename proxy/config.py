@@ -43,6 +43,9 @@ class ProxyConfig:
     db_lock_timeout_s: float = 5.0  # PostgreSQL lock_timeout; also how long a call waits on a locked rollout row
     db_statement_timeout_s: float = 30.0  # PostgreSQL statement_timeout
     prefix_cache_bytes: int = 256 * 1024 * 1024  # the prefix index's memory bound
+    # regexes of prompt spans a harness changes every call (beyond the built-in rules of `volatile.py`):
+    # in prefix mode a session's later calls are sent the earlier values; agent fingerprints ignore them
+    volatile_patterns: tuple[str, ...] = ()
     # several upstreams (`upstreams.py`): every URL (`--upstream` given more than once), or a file
     # listing them (re-read on SIGHUP); `upstream` is then the first
     upstreams: tuple[str, ...] = ()
@@ -127,6 +130,10 @@ class ProxyConfig:
         if self.workers > 1 and (self.backend != "upstream" or self.several or self.prefix_mode):
             raise UserError("--workers above 1 needs one --upstream in pass-through mode (a local backend, several "
                             "upstreams and --prefix keep per-process state that the workers would not share)")
+        from harnessrl.proxy.volatile import check_pattern
+
+        for pattern in self.volatile_patterns:
+            check_pattern(pattern)
         if self.prefix_cache_bytes < 0:
             raise UserError("--prefix-cache-mb must be >= 0")
         if self.max_body_bytes <= 0:

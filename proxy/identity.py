@@ -4,16 +4,24 @@ In order of precedence: the URL path `/r/{rollout}/a/{agent}/v1/...` (a plain `b
 carries it), `X-HarnessRL-*` headers, an API key `hrl-<rollout>-<agent>` (for harnesses that
 only let you set a URL and a key), sent as `Authorization: Bearer …` or, as the anthropic SDK
 does, `x-api-key: …`. With none, the call goes to the "unassigned" rollout.
+
+A call that names neither agent nor session gets an agent name from what it asks
+(`unnamed_agent`): its model and a fingerprint of its system prompt, so that one harness's
+different agents (Claude Code's main loop, its title side calls and Task sub-agents; an Agents
+SDK triage agent and its workers) are told apart in the prefix index and in compile's trees.
 """
 
 from __future__ import annotations
 
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from harnessrl.messages import content_text
 from harnessrl.records import UNASSIGNED_ROLLOUT
 from harnessrl.proxy.errors import ProxyError, bad_request
+from harnessrl.proxy.volatile import Volatile
 
 KEY_PREFIX = "hrl-"
 # the column sizes (harnessrl.records)
@@ -108,3 +116,25 @@ def check_labels(**labels: str | None) -> None:
         if not _LABEL.fullmatch(value):
             raise bad_request(f"'{name}' may not hold control characters (such as U+0000)", param=name,
                               code="invalid_value")
+
+
+_NOT_ID = re.compile(r"[^A-Za-z0-9._+=~-]+")
+
+
+def unnamed_agent(ident: Identity, body: dict[str, Any], volatile: Volatile) -> Identity:
+    """`ident` with an agent named after the call (explicit names always win: only a call with
+    neither agent nor session is named here). The name is the model's (`openai/gpt-4o` →
+    `openai-gpt-4o`), and, when the call has a system prompt, `@` and 4 hex digits of it with its
+    volatile spans masked — so it is deterministic, the same for every call of one agent's
+    session whatever the harness stamps into it, and different for agents whose instructions
+    differ. Valid as an explicit agent id too, so a name seen in the records can be passed back."""
+    model = body.get("model")
+    name = _NOT_ID.sub("-", model)[:100].strip("-") if isinstance(model, str) else ""
+    system = []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer"):
+            break
+        system.append(content_text(m.get("content")))
+    if system:
+        name = (name or "model") + "@" + volatile.fingerprint("\n".join(system))
+    return replace(ident, agent=name or "model")

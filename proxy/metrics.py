@@ -46,8 +46,13 @@ class _RunningRollouts:
 class ProxyMetrics:
     def __init__(self, engine: Engine) -> None:
         self.registry = r = CollectorRegistry()
-        self._calls = Counter("harnessrl_proxy_calls", "Model calls answered, by endpoint and outcome "
-                              "(ok, error, cancelled)", ["endpoint", "status"], registry=r)
+        self._calls = Counter("harnessrl_proxy_calls", "Model calls answered, by endpoint, API surface and "
+                              "outcome (ok, error, cancelled); refused calls are errors",
+                              ["endpoint", "surface", "status"], registry=r)
+        # the HTTP status only: error codes may come from an upstream (unbounded label values)
+        self._refused = Counter("harnessrl_proxy_refused", "Model calls refused before they reached the model "
+                                "(auth, body, identity, finished rollout, ...), by API surface and HTTP status",
+                                ["surface", "http_status"], registry=r)
         self._latency = Histogram("harnessrl_proxy_call_seconds", "Call latency, request to recorded answer",
                                   ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
         self._model = Histogram("harnessrl_proxy_upstream_seconds", "Time in the upstream or the local model "
@@ -71,16 +76,19 @@ class ProxyMetrics:
         self._queue.set_function(queue_depth)
         self._prefix.set_function(prefix_bytes)
 
-    def call(self, endpoint: str, status: str, total_s: float, model_s: float | None) -> None:
-        key = (endpoint, status)
+    def call(self, endpoint: str, surface: str, status: str, total_s: float, model_s: float | None) -> None:
+        key = (endpoint, surface, status)
         c = self._children.get(key)
-        if c is None:  # labels() validates and locks; resolved once per (endpoint, status)
-            c = self._children[key] = (self._calls.labels(endpoint, status), self._latency.labels(endpoint),
+        if c is None:  # labels() validates and locks; resolved once per (endpoint, surface, status)
+            c = self._children[key] = (self._calls.labels(endpoint, surface, status), self._latency.labels(endpoint),
                                        self._model.labels(endpoint))
         c[0].inc()
         c[1].observe(total_s)
         if model_s is not None:
             c[2].observe(model_s)
+
+    def refused(self, surface: str, http_status: int) -> None:
+        self._refused.labels(surface, str(http_status)).inc()
 
     # the recorder's hooks (called on its writer thread)
     def commit(self, seconds: float) -> None:

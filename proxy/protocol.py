@@ -32,6 +32,10 @@ class Request:
     upstream: Any = None
     # recorded beside the body, never forwarded ("harnessrl_upstream", "harnessrl_sampling")
     notes: dict[str, Any] | None = None
+    # the API surface the call came in through (`Adapter.surface`, recorded as `calls.surface`;
+    # None: the endpoint's name) and the harness's User-Agent (`calls.client`)
+    via: str | None = None
+    client: str | None = None
 
     @property
     def endpoint(self) -> str:

@@ -326,6 +326,10 @@ class Recorder:
         try:
             cur = conn.cursor()
             m = self._mark
+            # the harness got a 503 for these: each counts as its rollout's error, once
+            cur.executemany(f"UPDATE rollouts SET errors = errors + 1 WHERE status = 'running' AND id = "
+                            f"(SELECT rollout_id FROM {_CALLS.name} WHERE id = {m} AND status <> 'error')",
+                            [(r.id,) for r in recs])
             cur.executemany(f"UPDATE {_CALLS.name} SET status = {m}, error = {m} WHERE id = {m}",
                             [(r.status, escape_nul(r.error), r.id) for r in recs])
             cur.close()

@@ -12,18 +12,20 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
-from harnessrl.proxy.identity import Identity
+from harnessrl.proxy.identity import Identity, unnamed_agent
 from harnessrl.proxy.protocol import Delta, Progress, Prompt, Request, Result, Route
 from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder, RolloutFinished
 from harnessrl.proxy.status import RolloutStatus, finished
 from harnessrl.proxy.turns import PrefixIndex, Turn
+from harnessrl.proxy.volatile import Volatile
 from harnessrl.records import pack_ids, pack_logprobs
 
 
@@ -65,15 +67,22 @@ class Serving:
     counts every call once it is answered."""
 
     def __init__(self, route: Route, recorder: Recorder, statuses: RolloutStatus | None = None,
-                 prefix_bytes: int = 256 * 1024 * 1024, metrics=None) -> None:
+                 prefix_bytes: int = 256 * 1024 * 1024, metrics=None, volatile: Volatile | None = None,
+                 hold: bool = False) -> None:
         self.route = route
         self.recorder = recorder
         self.index = PrefixIndex(max_bytes=prefix_bytes)
         self.statuses = statuses
         self.metrics = metrics
+        # volatile spans: ignored by agent fingerprints always; held (the model sent the earlier
+        # call's values) only when the proxy builds prompts as exact extensions (prefix mode)
+        self.volatile = volatile or Volatile()
+        self.hold = hold
 
     async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire,
                      errors: Callable[..., Response] = error_response) -> Response:
+        if ident.agent is None and ident.session is None and req.chat:
+            ident = unnamed_agent(ident, req.body, self.volatile)
         if req.endpoint == "embeddings":
             from harnessrl.proxy.embeddings import serve_embeddings
 
@@ -86,7 +95,7 @@ class Serving:
         rec = self.record(req, ident, call_id)
         headers = {"x-harnessrl-call": call_id}
         try:
-            turn = self.index.find(_key(ident), req.messages, req.tools) if req.chat else None
+            turn, req = self._extends(req, ident, rec) if req.chat else (None, req)
             prompt = self.route.prompt(req, turn)
             rec.prompt_path, rec.prefix_call_id, rec.drift = prompt.path, prompt.prefix_call_id, prompt.drift
             tm = time.perf_counter()  # the model's (or upstream's) share of the latency starts here
@@ -108,6 +117,24 @@ class Serving:
             return errors(err, headers)
         self._remember(rec, ident, req, result, prompt.turn)
         return Response(orjson.dumps(data), 200, headers, "application/json")
+
+    def _extends(self, req: Request, ident: Identity, rec: CallRecord) -> tuple[Turn | None, Request]:
+        """The earlier call this one extends, and the request the route runs: the harness's, or,
+        where some of its messages differ from that call's only in volatile spans, one with those
+        messages as the model saw them then (`volatile.py`); the record keeps the harness's text
+        and notes the spans held."""
+        turn, held = self.index.match(_key(ident), req.messages, req.tools, self.volatile if self.hold else None)
+        if turn is None or not held:
+            return turn, req
+        seen = turn.messages
+        sent = list(req.messages)
+        spans = []
+        for i in held:
+            sent[i] = seen[i] if i < len(seen) else turn.reply
+            spans += [{"message": i, "sent": a, "harness": b}
+                      for a, b in self.volatile.held(_text(sent[i]), _text(req.messages[i]))]
+        rec.request = {**rec.request, "harnessrl_held": {"call": turn.call_id, "spans": spans}}
+        return turn, replace(req, body={**req.body, "messages": sent})
 
     def record(self, req: Request, ident: Identity, call_id: str) -> CallRecord:
         """A call's record before it runs. `model` is the checkpoint that serves it when the
@@ -264,6 +291,10 @@ def _stored(data: dict) -> dict:
 
 
 _ID_FIELDS = frozenset(("prompt_token_ids", "token_ids"))
+
+
+def _text(m: dict) -> str:
+    return content_text(m.get("content"))
 
 
 def _key(ident: Identity) -> tuple:

@@ -14,11 +14,13 @@ import sys
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from harnessrl.messages import content_text
+from harnessrl.proxy.volatile import Volatile
 
 _TURN_OVERHEAD = 400  # the Turn, its array and deque slot, beyond what _deep_size counts
 
@@ -36,19 +38,55 @@ def _args(arguments: Any) -> Any:
     return arguments
 
 
-def _norm(m: dict) -> tuple:
+_OPEN, _CLOSE = "<think>", "</think>"
+
+
+def _content(m: dict, mask: Callable[[str], str] | None) -> Any:
+    """A message's text as compared. An assistant's reasoning is part of what the model wrote
+    however it comes back: in the content's leading `<think>` block, or moved by the client to
+    `reasoning_content` / `reasoning` (litellm, and so mini-swe-agent, does) — compared as (think,
+    rest), each without the whitespace around it that clients trim or add when they split."""
+    text = _text(m.get("content"))
+    if m.get("role") == "assistant":
+        r = m.get("reasoning_content") or m.get("reasoning")
+        if isinstance(r, str) and r.strip():
+            text = _OPEN + r + _CLOSE + (text or "")
+        if text is not None and text.startswith(_OPEN):
+            # a block the model left open (cut short) is reasoning to the end; the client closes it
+            end = text.find(_CLOSE)
+            end = len(text) if end < 0 else end
+            return ("think", text[len(_OPEN):end].strip(), text[end + len(_CLOSE):].strip() or None)
+    return mask(text) if mask is not None and text is not None else text
+
+
+def _norm(m: dict, mask: Callable[[str], str] | None = None) -> tuple:
     calls = tuple(
         (tc.get("function", tc).get("name"), orjson.dumps(_args(tc.get("function", tc).get("arguments")),
                                                          option=orjson.OPT_SORT_KEYS))
         for tc in (m.get("tool_calls") or []) if isinstance(tc, dict)
     )
-    return (m.get("role"), _text(m.get("content")), calls, m.get("tool_call_id"), m.get("name"))
+    return (m.get("role"), _content(m, mask), calls, m.get("tool_call_id"), m.get("name"))
 
 
 def same_message(a: dict, b: dict) -> bool:
     """Equal as the model sees them: None/"" content alike, tool-call arguments as JSON values,
-    tool-call ids and extra SDK fields ignored."""
+    reasoning in the content or beside it, tool-call ids and extra SDK fields ignored."""
     return a == b or _norm(a) == _norm(b)
+
+
+def _held(new: list[dict], seen: list[dict], volatile: Volatile | None) -> list[int] | None:
+    """Whether `new` is `seen` (a turn's messages as the model saw them): None if not; else the
+    indices of the messages that equal theirs only outside volatile spans (to be sent as seen)."""
+    if new == seen:
+        return []
+    held = []
+    for i, (a, b) in enumerate(zip(new, seen)):
+        if same_message(a, b):
+            continue
+        if volatile is None or _norm(a, volatile.mask) != _norm(b, volatile.mask):
+            return None
+        held.append(i)
+    return held
 
 
 def _deep_size(obj: Any) -> int:
@@ -178,18 +216,28 @@ class PrefixIndex:
 
     def find(self, key: tuple, messages: list[dict], tools: list | None) -> Turn | None:
         """The latest call whose messages + reply are the longest prefix of `messages`."""
+        return self.match(key, messages, tools)[0]
+
+    def match(self, key: tuple, messages: list[dict], tools: list | None,
+              volatile: Volatile | None = None) -> tuple[Turn | None, list[int]]:
+        """`find`, where with `volatile` a message may also differ from the turn's inside
+        volatile spans; and the indices of such messages (the turn's reply at `n_messages`).
+        Messages that are equal never reach the volatile check: it costs nothing to a call
+        that extends exactly."""
         s = self._sessions.get(key)
         best: Turn | None = None
+        best_held: list[int] = []
         for t in reversed(s.turns if s is not None else ()):
             k = t.n_messages
             if len(messages) <= k or (best is not None and k <= best.n_messages) or t.tools != tools:
                 continue
-            if not same_message(messages[k], t.reply):
+            reply = _held([messages[k]], [t.reply], volatile)
+            if reply is None:
                 continue
-            head, mine = messages[:k], t.messages
-            if head == mine or all(same_message(a, b) for a, b in zip(head, mine)):
-                best = t
-        return best
+            head = _held(messages[:k], t.messages, volatile)
+            if head is not None:
+                best, best_held = t, head + ([k] if reply else [])
+        return best, best_held
 
     def _count(self, s: _Session, n: int) -> None:
         s.nbytes += n

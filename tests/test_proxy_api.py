@@ -79,7 +79,7 @@ def test_rollout_api_and_client(upstream, db_target):
         with pytest.raises(HarnessRLError, match="404"):
             hrl.get_rollout("nope")
         # a finished rollout takes no more calls
-        with pytest.raises(openai.ConflictError):
+        with pytest.raises(openai.APIStatusError, match="410"):
             client.chat.completions.create(model="m", messages=MSG)
     assert got["status"] == "finished" and got["task_id"] == "t7" and got["metadata"] == {"k": 1}
     assert [c["id"] for c in got["calls"]] == [call_id] and "prompt_ids" not in got["calls"][0]
@@ -116,7 +116,7 @@ def _post(url: str, content: bytes, headers: dict | None = None) -> httpx.Respon
     return httpx.post(url, content=content, headers={"content-type": "application/json", **(headers or {})})
 
 
-def test_bad_inputs_get_openai_errors_and_write_nothing(upstream, db_target):
+def test_bad_inputs_get_openai_errors_and_only_refused_calls_are_recorded(upstream, db_target):
     with run_proxy(ProxyConfig(db=db_target, upstream=upstream, port=0, max_body_bytes=4096, strict_rollouts=True)) as proxy:
         chat = proxy.url + "/v1/chat/completions"
         cases = [
@@ -148,8 +148,19 @@ def test_bad_inputs_get_openai_errors_and_write_nothing(upstream, db_target):
             err = resp.json()["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["message"]
             assert err["code"] == code, resp.text
-    assert _count(db_target) == 0 and _count(db_target, Reward) == 0
-    assert _count(db_target, Rollout) == 0  # not even the unassigned rollout
+    engine, s = _session(db_target)
+    with s:
+        rows = list(s.scalars(select(Call).order_by(Call.seq)))
+        rollouts = list(s.scalars(select(Rollout)))
+    engine.dispose()
+    # each refused model call of a running rollout (here the unassigned one) is a failed call in it;
+    # an unknown rollout (--strict-rollouts) or a malformed id gets none, and no rollout either
+    assert [(r.rollout_id, r.status, r.error.split(":")[0]) for r in rows] == \
+        [("unassigned", "error", "400 invalid_request_error")] * 9 + [("unassigned", "error", "413 invalid_request_error")]
+    assert [r.surface for r in rows] == ["chat"] * 8 + ["completions", "chat"]
+    assert rows[2].request == {"model": "m", "messages": "hello"} and rows[0].request == {}
+    assert [(r.id, r.errors) for r in rollouts] == [("unassigned", 10)]
+    assert _count(db_target, Reward) == 0
 
 
 def test_weights_endpoint_uses_the_reload_hook(upstream, tmp_path):

@@ -114,10 +114,10 @@ def test_valid_requests_pass():
     assert _param(check_completion, {"prompt": "x", "max_tokens": 0}) == "max_tokens"
 
 
-def _count(db: str) -> int:
+def _count(db: str, status: str) -> int:
     engine, Session = open_db(db)
     with Session() as s:
-        n = s.scalar(select(func.count()).select_from(Call))
+        n = s.scalar(select(func.count()).select_from(Call).where(Call.status == status))
     engine.dispose()
     return n
 
@@ -141,7 +141,8 @@ def test_a_session_with_an_earlier_turn_gets_400s_not_500s(upstream, tokenizer_d
         for fields, param in BAD_FIELDS:
             r = http.post("/v1/chat/completions", json=_body(messages=[USER, reply, USER], **fields), headers=headers)
             assert (r.status_code, r.json()["error"]["param"]) == (400, param), r.text
-    assert _count(db) == 2  # refused requests reach neither the model nor the records
+    assert _count(db, "ok") == 2  # refused requests never reach the model
+    assert _count(db, "error") == len(BAD_MESSAGES) + len(BAD_FIELDS)  # each is recorded as a refused call
 
 
 @pytest.mark.unit

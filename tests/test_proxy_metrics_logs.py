@@ -45,8 +45,8 @@ def test_metrics_count_calls_latency_commits_and_rollouts(upstream, tmp_path):
         after = _metrics(a.url, "k")
         wal_bytes = os.path.getsize(tmp_path / "r.db-wal")
         other = _metrics(b.url, "k")
-    ok, err = ("harnessrl_proxy_calls_total", (("endpoint", "chat"), ("status", "ok"))), \
-        ("harnessrl_proxy_calls_total", (("endpoint", "chat"), ("status", "error")))
+    ok, err = ("harnessrl_proxy_calls_total", (("endpoint", "chat"), ("status", "ok"), ("surface", "chat"))), \
+        ("harnessrl_proxy_calls_total", (("endpoint", "chat"), ("status", "error"), ("surface", "chat")))
     assert ok not in before and after[ok] == 3 and after[err] == 1
     assert after[("harnessrl_proxy_call_seconds_count", (("endpoint", "chat"),))] == 4
     assert after[("harnessrl_proxy_upstream_seconds_count", (("endpoint", "chat"),))] == 3  # the failed call has none

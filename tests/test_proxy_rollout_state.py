@@ -89,9 +89,9 @@ def test_a_rollout_finished_through_one_proxy_takes_no_calls_or_rewards_through_
         assert _chat(b.url, ro.id).status_code == 200  # B now knows the rollout as running
         ro.finish()  # through A
         late = _chat(b.url, ro.id)
-        assert late.status_code == 409 and late.json()["error"]["code"] == "rollout_finished"
+        assert late.status_code == 410 and late.json()["error"]["code"] == "rollout_finished"
         again = _chat(b.url, ro.id, stream=True)  # B has learnt it: refused before the model runs
-        assert again.status_code == 409 and again.json()["error"]["code"] == "rollout_finished"
+        assert again.status_code == 410 and again.json()["error"]["code"] == "rollout_finished"
         for path in (f"/harnessrl/rollouts/{ro.id}/reward", f"/harnessrl/calls/{late.headers['x-harnessrl-call']}/reward"):
             reward = httpx.post(b.url + path, json={"value": 1.0})
             assert reward.status_code == 409 and reward.json()["error"]["code"] == "rollout_finished"
@@ -99,7 +99,7 @@ def test_a_rollout_finished_through_one_proxy_takes_no_calls_or_rewards_through_
     assert got["rewards"] == []
     # the late call left a failed-call row (it had run the model); the refused one left none
     assert [(c["status"], c["error"].split(":")[0] if c["error"] else None) for c in got["calls"]] == [
-        ("ok", None), ("error", "409 invalid_request_error")]
+        ("ok", None), ("error", "410 invalid_request_error")]
     assert got["calls"][1]["id"] == late.headers["x-harnessrl-call"]
 
 

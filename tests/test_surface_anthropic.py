@@ -164,7 +164,7 @@ def test_errors_before_the_request_is_read_are_anthropic_shaped(target):
     httpx.post(target.url + f"/harnessrl/rollouts/{rid}/finish", json={})
     finished = httpx.post(target.url + f"/r/{rid}/a/x/v1/messages", json={"model": "m", "max_tokens": 5,
                                                                          "messages": [{"role": "user", "content": "x"}]})
-    assert finished.status_code == 409 and finished.json() == {"type": "error", "error": {
+    assert finished.status_code == 410 and finished.json() == {"type": "error", "error": {
         "type": "invalid_request_error", "message": finished.json()["error"]["message"]}}
     bad_id = httpx.post(target.url + "/r/bad:id/a/x/v1/messages", json={"model": "m", "max_tokens": 5,
                                                                        "messages": [{"role": "user", "content": "x"}]})

@@ -224,7 +224,7 @@ def test_errors_outside_the_body(target):
     rid = httpx.post(target.url + "/harnessrl/rollouts", json={}).json()["id"]
     httpx.post(target.url + f"/harnessrl/rollouts/{rid}/finish", json={})
     finished = httpx.post(target.url + f"/r/{rid}/a/x/v1/responses", json={"model": "m", "input": "x"})
-    assert finished.status_code == 409 and finished.json()["error"]["code"] == "rollout_finished"
+    assert finished.status_code == 410 and finished.json()["error"]["code"] == "rollout_finished"
     # store: false is recorded like any call, but cannot be fetched or extended
     r = c.responses.create(input="Say something.", store=False, model="tiny", max_output_tokens=5)
     assert r.id[5:] in {x.id for x in calls(target.db)}
