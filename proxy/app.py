@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import time
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,6 +45,7 @@ from harnessrl.proxy.prefix import Prompter
 from harnessrl.proxy.probes import add_probes
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.refusals import internal_error, refuse, user_agent
 from harnessrl.proxy.responses_wire import RESPONSES
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
 from harnessrl.proxy.sampling import enforce
@@ -100,7 +102,8 @@ class WeightsIn(BaseModel):
 # the API surfaces served on the hot path
 ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES)
 _HOT_HEADERS = {b"authorization", b"x-api-key", b"content-length", b"x-harnessrl-rollout", b"x-harnessrl-agent",
-                b"x-harnessrl-session", b"x-harnessrl-parent-call", b"anthropic-version", b"anthropic-beta"}
+                b"x-harnessrl-session", b"x-harnessrl-parent-call", b"anthropic-version", b"anthropic-beta",
+                b"user-agent"}
 
 
 def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
@@ -207,18 +210,22 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     # ---- OpenAI endpoints (hot path) ----------------------------------------------------
     async def hot(scope, receive, send, adapter: Adapter, path_params: dict) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _HOT_HEADERS}
-        lease = None
+        lease = ident = body = None
+        admitted, t0 = False, time.perf_counter()
         try:
             check_auth(headers, cfg.api_key)
             ident = identify(path_params, headers, cfg.api_key)
-            call = adapter.request(parse_json(await read_body(headers, receive, cfg.max_body_bytes)))
+            await statuses.check(ident.rollout)  # first: a finished rollout's call costs no body read
+            admitted = True  # from here on a refusal is recorded in the rollout (`refusals`)
+            body = parse_json(await read_body(headers, receive, cfg.max_body_bytes))
+            call = adapter.request(body)
             if call.surface is not None and adapter.headers:
                 call.surface["headers"] = {h: headers[h] for h in adapter.headers if h in headers}
             if policy is not None:
                 enforce(policy, call)
-            await statuses.check(ident.rollout)
             if adapter.resolve is not None:
                 call = await adapter.resolve(call, stored.fetch)
+            call.via, call.client = adapter.surface, user_agent(headers)
             serving: Serving = state["serving"]
             if state["upstreams"] is not None:  # the session's upstream, held until the answer is sent
                 lease = await state["upstreams"].acquire((ident.rollout, ident.agent, ident.session))
@@ -228,8 +235,10 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
             current_call.set(call_id)  # on every log line about this call (this request's task)
             wire = adapter.wire(call, call_id, serving.route.model_name)
             response = await serving.handle(call, ident, call_id, wire, adapter.error)
-        except ProxyError as err:
-            response = adapter.error(err)
+        except Exception as exc:  # noqa: BLE001 - `handle` answers its own failures; these are refusals
+            err = exc if isinstance(exc, ProxyError) else internal_error(exc, scope["path"])
+            response = await refuse(state["serving"], adapter, err, ident if admitted else None, body,
+                                    user_agent(headers), t0)
         try:
             await response(scope, receive, send)
         finally:

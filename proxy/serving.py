@@ -44,8 +44,9 @@ class Wire(Protocol):
 @dataclass(frozen=True)
 class Adapter:
     """An API surface served at `/v1/{path}`: its request body → an internal `Request`
-    (validated; a bad one raises a 400 `ProxyError` and nothing is recorded), and the wire its
-    answers go out in. Adapters translate; routes never see which API a call came in through."""
+    (validated; a bad one raises a 400 `ProxyError`, recorded as a refused call by
+    `refusals.refuse`), and the wire its answers go out in. Adapters translate; routes never see
+    which API a call came in through (the records do: `surface`)."""
 
     path: str  # under /v1/, e.g. "chat/completions"
     request: Callable[[dict], Request]
@@ -56,6 +57,16 @@ class Adapter:
     # request, where `await fetch(call_id)` is a recorded call (`stored_responses.load`) or None
     resolve: Callable[[Request, Callable[[str], Awaitable[dict | None]]], Awaitable[Request]] | None = None
     headers: tuple[str, ...] = ()  # request headers recorded with the call (in `Request.surface`)
+    surface: str = ""  # recorded as `calls.surface`; "": the path's first segment (chat, responses, ...)
+
+    def __post_init__(self) -> None:
+        if not self.surface:
+            object.__setattr__(self, "surface", self.path.partition("/")[0])
+
+    @property
+    def endpoint(self) -> str:
+        """The compiler's meaning of the call (`calls.endpoint`): every chat-shaped surface is "chat"."""
+        return self.surface if self.surface in ("completions", "embeddings") else "chat"
 
 
 log = logging.getLogger("harnessrl.proxy.calls")
@@ -141,6 +152,7 @@ class Serving:
         route knows one (the local backend's directory: compile finds the tokenizer there)."""
         return CallRecord(id=call_id, rollout_id=ident.rollout, session_id=ident.session, agent=ident.agent,
                           parent_call_id=ident.parent_call, endpoint=req.endpoint,
+                          surface=req.via or req.endpoint, client=req.client,
                           model=getattr(self.route, "model_path", None) or req.body.get("model"),
                           stream=req.stream, created_at=time.time(),
                           request=_recorded(req))
@@ -202,7 +214,7 @@ class Serving:
         rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}"
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
         try:
-            await self._commit(rec)
+            await self._commit(rec, code=err.code)
         except ProxyError as commit_err:
             return commit_err
         return err
@@ -221,7 +233,7 @@ class Serving:
         self.recorder.submit(rec)
         self._done(rec, None, True)
 
-    async def _commit(self, rec: CallRecord, model_s: float | None = None) -> None:
+    async def _commit(self, rec: CallRecord, model_s: float | None = None, code: str | None = None) -> None:
         # the harness must not take an unrecorded answer; RecordError text is safe to show
         # (database error text is logged by the recorder with the call id)
         try:
@@ -229,24 +241,28 @@ class Serving:
         except RolloutFinished:
             if self.statuses is not None:
                 self.statuses.set(rec.rollout_id, "finished")
-            self._done(rec, model_s, False)
+            self._done(rec, model_s, False, "rollout_finished")
             raise finished(rec.rollout_id) from None
         except DatabaseUnavailable as exc:
-            self._done(rec, model_s, False)
+            self._done(rec, model_s, False, "database_unavailable")
             raise database_unavailable(str(exc)) from None
         except RecordError as exc:
-            self._done(rec, model_s, False)
+            self._done(rec, model_s, False, "record_failed")
             raise ProxyError(500, f"the call could not be recorded: {exc}", "server_error",
                              code="record_failed") from None
-        self._done(rec, model_s, True)
+        self._done(rec, model_s, True, code)
 
-    def _done(self, rec: CallRecord, model_s: float | None, recorded: bool) -> None:
+    def _done(self, rec: CallRecord, model_s: float | None, recorded: bool, code: str | None = None) -> None:
+        """Count and log a call once it is answered (`code`: the error code it was answered with)."""
         status = rec.status if recorded else "error"
         if self.metrics is not None:
-            self.metrics.call(rec.endpoint, status, (rec.latency_ms or 0.0) / 1e3, model_s)
+            self.metrics.call(rec.endpoint, rec.surface or rec.endpoint, status, (rec.latency_ms or 0.0) / 1e3,
+                              model_s)
         if log.isEnabledFor(logging.INFO):
-            log.info("%s call %s: %s in %.1f ms%s", rec.endpoint, rec.id, status, rec.latency_ms or 0.0,
-                     f" ({rec.error})" if rec.error else "", extra={"call_id": rec.id})
+            why = f" [{code}]" if code else ""
+            why += f" ({rec.error})" if rec.error else ""
+            log.info("%s call %s rollout %s: %s in %.1f ms%s", rec.surface or rec.endpoint, rec.id,
+                     rec.rollout_id or "-", status, rec.latency_ms or 0.0, why, extra={"call_id": rec.id})
 
     def _remember(self, rec: CallRecord, ident: Identity, req: Request, r: Result, parent: Turn | None) -> None:
         if not req.chat or r.message is None or not r.prompt_ids or r.completion_ids is None:
