@@ -42,6 +42,10 @@ def compile_cmd(
                                          "zero (advantage 0, default) | raw (its raw value)."),
     missing_outcome: str = typer.Option("skip", "--missing-outcome", help="Rollouts without an outcome reward: "
                                         "skip (left out of groups and samples) | zero (scored 0)."),
+    on_call_error: str = typer.Option("drop", "--on-call-error", help="Rollouts in which a call was refused or "
+                                      "failed (the harness got an error; a stream it abandoned or a best_of "
+                                      "sample not returned is not one): drop (no samples, and left out of their "
+                                      "group's mean and std) | keep (compiled like any other)."),
     mask_truncated: bool = typer.Option(False, "--mask-truncated", help="A session path whose last call was cut "
                                         "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
     sampling_policy: Path | None = typer.Option(None, "--sampling-policy", help="YAML sampling policy (the "
@@ -73,6 +77,7 @@ def compile_cmd(
     opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
+                          on_call_error=on_call_error,
                           mask_truncated=mask_truncated, policy_action=policy_action,
                           sampling_policy=load_policy(sampling_policy) if sampling_policy else None,
                           adv_config=load_adv_config(adv_config, std=std, singleton=singleton),

@@ -11,7 +11,11 @@ advantages are computed before its samples are written):
     writer.SampleWriter        Parquet row groups; writer.write_tasks for tasks.parquet
 
 Rollouts without an outcome are left out of the groups and the samples when the estimator uses
-the outcome (`missing_outcome="skip"`, the default) or scored 0 (`"zero"`).
+the outcome (`missing_outcome="skip"`, the default) or scored 0 (`"zero"`). Rollouts in which the
+harness was answered an error (a refused or failed call: `Rollout.errors`) are left out the same
+way (`on_call_error="drop"`, the default): the harness did not run as it was meant to, so its
+outcome says nothing about the policy, and as a group member it would shift every other
+member's advantage (two refused rollouts scored 0 gave the third A = +1.155).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ from harnessrl.sampling_policy import SamplingPolicy, violations
 
 PROCESS_REWARDS = ("tool_format", "dispatch_ok", "matchtir")
 MISSING_OUTCOME = ("skip", "zero")
+ON_CALL_ERROR = ("drop", "keep")
 POLICY_ACTIONS = ("drop", "mask", "flag")
-STAT_KEYS = ("calls", "failed", "text_only", "discarded", "embeddings", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
+STAT_KEYS = ("calls", "failed", "call_errors", "dropped_call_error", "text_only", "discarded", "embeddings", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
              "roots_drift", "roots_rewrite", "untrained_sessions", "no_outcome", "skipped_no_outcome",
              "singleton_groups", "singleton_buckets", "masked_truncated", "policy_violations", "policy_dropped",
              "policy_masked", "policy_flagged", "tokens_recorded", "tokens_emitted", "trainable_tokens",
@@ -62,6 +67,7 @@ class CompileOptions:
     matcher: str = "hungarian"
     central_agent: str | None = None  # default: the agent of each rollout's first call
     missing_outcome: str = "skip"  # a rollout without an outcome: skip (left out) | zero (R = 0)
+    on_call_error: str = "drop"  # a rollout with a refused or failed call: drop (left out) | keep
     mask_truncated: bool = False  # a path whose last call was cut by max_tokens: that turn gets mask 0
     sampling_policy: SamplingPolicy | None = None  # calls sampled against it are handled by policy_action
     policy_action: str = "drop"  # drop (the sample) | mask (the turn) | flag (keep, count)
@@ -81,6 +87,8 @@ def validate(opts: CompileOptions) -> None:
         raise UserError(f"unknown matcher {opts.matcher!r}: use hungarian or greedy")
     if opts.missing_outcome not in MISSING_OUTCOME:
         raise UserError(f"--missing-outcome {opts.missing_outcome!r}: use {' or '.join(MISSING_OUTCOME)}")
+    if opts.on_call_error not in ON_CALL_ERROR:
+        raise UserError(f"--on-call-error {opts.on_call_error!r}: use {' or '.join(ON_CALL_ERROR)}")
     if opts.reward is not None:
         load_reward_fn(opts.reward)
     if opts.since is not None:
@@ -150,7 +158,8 @@ class Compiler:
         stats = {"totals": dict(t), "rollouts": self.per_rollout, "policy_violations": self.violations,
                  "options": {"reward": o.reward, "process": list(o.process), "advantage": o.advantage,
                              "train_agents": o.train_agents, "matcher": o.matcher,
-                             "missing_outcome": o.missing_outcome, "mask_truncated": o.mask_truncated,
+                             "missing_outcome": o.missing_outcome, "on_call_error": o.on_call_error,
+                             "mask_truncated": o.mask_truncated,
                              "sampling_policy": asdict(o.sampling_policy) if o.sampling_policy else None,
                              "policy_action": o.policy_action,
                              "adv_config": o.adv_config.as_dict(),
@@ -179,7 +188,8 @@ class Compiler:
         works = self.reader.read_batch(batch)
         self.scorer.score(works)
         skip = o.missing_outcome == "skip" and self.estimator.uses_outcome
-        kept = [w for w in works if w.has_outcome or not skip]
+        drop = o.on_call_error == "drop"
+        kept = [w for w in works if (w.has_outcome or not skip) and not (drop and w.errors)]
         ctx = estimators.EstimatorContext(o.adv_config, o.train_agents)
         self.estimator.fn(kept, ctx)
         kept_ids = {w.id for w in kept}
@@ -189,6 +199,8 @@ class Compiler:
             tree_stats(w)
             if w.id in kept_ids:
                 emit(w, add, o.train_agents, o.advantage, o.mask_truncated, off_policy, o.policy_action)
+            elif drop and w.errors:
+                w.stats["dropped_call_error"] += 1
             else:
                 w.stats["skipped_no_outcome"] += 1
             s = w.stats

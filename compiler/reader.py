@@ -63,6 +63,7 @@ class RolloutWork:
     has_outcome: bool = False
     edges: dict[str, str] = field(default_factory=dict)  # session key → parent call id
     stats: Counter = field(default_factory=Counter)
+    errors: int = 0  # calls the harness was answered with an error while the rollout ran (`Rollout.errors`)
 
 
 def parse_since(value: str) -> float:
@@ -174,6 +175,10 @@ class Reader:
                 Call.finish_reason)
         q = select(*cols).where(Call.rollout_id.in_(list(works))).order_by(Call.rollout_id, Call.seq)
         with self.engine.connect() as conn:
+            for rid, errors in conn.execute(select(Rollout.id, Rollout.errors).where(Rollout.id.in_(list(works)),
+                                                                                 Rollout.errors > 0)):
+                works[rid].errors = errors
+                works[rid].stats["call_errors"] = errors
             for r in conn.execute(q):
                 w = works[r.rollout_id]
                 if r.endpoint == "embeddings":  # recorded for the trace, never a sample

@@ -1,6 +1,7 @@
-"""`harnessrl inspect DB --rollout ID`: a rollout's session trees as a rich tree — calls, agents,
-merges (a call that extends an earlier one) and breaks (new roots and their cause), the
-cross-session edges, and each completion coloured by token class."""
+"""`harnessrl inspect DB --rollout ID`: a rollout's session trees as a rich tree — calls (with
+the API surface each came in through), agents, merges (a call that extends an earlier one) and
+breaks (new roots and their cause), the cross-session edges, each completion coloured by token
+class — and the calls that are in no tree: refused, failed, cancelled, discarded."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from pathlib import Path
 
 from rich.text import Text
 from rich.tree import Tree
+from sqlalchemy import select
 
 from harnessrl.compiler.reader import Reader
 from harnessrl.samples import ACTION, ARGS, FORMAT, REASONING
 from harnessrl.compiler.tokentext import TokenText
 from harnessrl.db import db_url, open_db
 from harnessrl.errors import UserError
+from harnessrl.records import Call
 
 STYLES = {REASONING: "cyan", ACTION: "bold red", ARGS: "green", FORMAT: "dim"}
 
@@ -37,9 +40,14 @@ def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_cha
     if not selected:
         raise UserError(f"no rollout {rollout_id!r} in {db}")
     (work,) = reader.read_batch(selected)
+    with reader.engine.connect() as conn:
+        rows = conn.execute(select(Call.id, Call.seq, Call.surface, Call.endpoint, Call.status, Call.error,
+                                   Call.client).where(Call.rollout_id == rollout_id).order_by(Call.seq)).all()
+    surface = {r.id: r.surface or r.endpoint for r in rows}
     root = Tree(Text.assemble(("rollout ", "bold"), rollout_id, f"  task={work.task_id} group={work.group_id} "
-                              f"calls={work.stats['calls']} failed={work.stats['failed']} "
-                              f"retokenized={work.stats['retokenized']}"))
+                              f"calls={work.stats['calls']} failed={work.stats['failed']} ",
+                              (f"errors={work.errors}", "bold red" if work.errors else ""),
+                              f" retokenized={work.stats['retokenized']}"))
     legend = Text("classes: ")
     for cls, name in ((REASONING, "reasoning"), (ACTION, "action"), (ARGS, "args"), (FORMAT, "format")):
         legend.append(name + " ", style=STYLES[cls])
@@ -62,10 +70,17 @@ def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_cha
             else:
                 kind = Text("merge: extends " + tree.nodes[node.parent].call.call_id, style="blue")
                 parent = handles[node.parent]
-            head = Text.assemble(f"call {c.call_id} seq={c.seq} prompt={len(c.prompt)} "
+            head = Text.assemble(f"call {c.call_id} seq={c.seq} {surface.get(c.call_id)} prompt={len(c.prompt)} "
                                  f"completion={len(c.completion)} ", kind)
             if c.retokenized:
                 head.append(" retokenized", style="red")
             handles[i] = parent.add(head)
             handles[i].add(_coloured(reader.token_text, c.completion, work.units[c.call_id].classes, max_chars))
+    others = [r for r in rows if r.status != "ok"]
+    if others:
+        branch = root.add(Text("calls in no tree", style="bold"))
+        for r in others:
+            style = "red" if r.status == "error" else "dim"
+            branch.add(Text.assemble(f"call {r.id} seq={r.seq} {r.surface or r.endpoint} ", (r.status, style),
+                                     f": {r.error}" if r.error else "", f"  client={r.client}" if r.client else ""))
     return root

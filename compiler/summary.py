@@ -8,6 +8,7 @@ from rich.table import Table
 
 _ROWS = (
     ("rollouts", "rollouts"), ("calls", "calls"), ("failed", "failed calls (skipped)"),
+    ("call_errors", "calls answered with an error"), ("dropped_call_error", "  rollouts left out (call errors)"),
     ("text_only", "text-only calls (skipped)"),
     ("discarded", "best_of samples not returned (skipped)"), ("embeddings", "embedding calls (not samples)"),
     ("retokenized", "retokenized calls"), ("sessions", "sessions"), ("samples", "samples"),
@@ -46,6 +47,12 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
                      "and the samples (--missing-outcome zero scores them 0)")
     elif t.get("no_outcome") and o.get("missing_outcome") == "zero":
         notes.append(f"{t['no_outcome']:,} rollouts had no outcome reward: scored 0 (--missing-outcome zero)")
+    if t.get("dropped_call_error"):
+        notes.append(f"{t['dropped_call_error']:,} rollouts had a call refused or failed: left out of the group "
+                     "statistics and the samples (--on-call-error keep keeps them)")
+    elif t.get("call_errors") and o.get("on_call_error") == "keep":
+        notes.append(f"{t['call_errors']:,} calls were refused or failed in the rollouts compiled: kept "
+                     "(--on-call-error keep)")
     single = t.get("singleton_groups", 0) + t.get("singleton_buckets", 0)
     if single:
         how = "advantage 0" if o["adv_config"]["singleton"] == "zero" else "their raw value as advantage"
