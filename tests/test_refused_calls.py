@@ -119,3 +119,31 @@ def test_an_unauthenticated_call_creates_nothing(upstream, tmp_path):
     assert metrics[_calls_total("chat", "error")] == 2
     calls, rollouts = _db(db)
     assert calls == [] and rollouts == {}
+
+
+def test_migration_0003_counts_the_failed_calls_already_recorded(db_target):
+    """A DB recorded before 0003: its rollouts' `errors` are filled from their failed calls, but a
+    call that ended after its rollout was finished (then a 409) is not the harness's error."""
+    from sqlalchemy import text
+
+    from harnessrl.db import make_engine, upgrade
+
+    engine = make_engine(db_target)
+    upgrade(engine, "0002")
+    calls = [("c1", "r1", 0, "ok", None), ("c2", "r1", 1, "error", "400 invalid_request_error: bad"),
+             ("c3", "r1", 2, "error", "502 upstream_error: down"), ("c4", "r2", 0, "cancelled", "closed"),
+             ("c5", "r3", 0, "error", "409 invalid_request_error: rollout 'r3' is finished")]
+    with engine.begin() as conn:
+        for rid in ("r1", "r2", "r3"):
+            conn.execute(text("INSERT INTO rollouts (id, status, next_seq, created_at) VALUES (:id, 'finished', 3, 0)"),
+                         {"id": rid})
+        for cid, rid, seq, status, error in calls:
+            conn.execute(text("INSERT INTO calls (id, rollout_id, seq, endpoint, stream, request, status, error, "
+                              "created_at) VALUES (:id, :rid, :seq, 'chat', false, '{}', :status, :error, 0)"),
+                         {"id": cid, "rid": rid, "seq": seq, "status": status, "error": error})
+    upgrade(engine)
+    with engine.connect() as conn:
+        errors = dict(conn.execute(text("SELECT id, errors FROM rollouts")).all())
+        surfaces = {row[0] for row in conn.execute(text("SELECT surface FROM calls"))}
+    engine.dispose()
+    assert errors == {"r1": 2, "r2": 0, "r3": 0} and surfaces == {None}
