@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import insert, text
-from viewer_fixtures import CRAFTED, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all, serve
+from viewer_fixtures import CRAFTED, HARNESS, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all, serve
 
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
@@ -46,13 +46,24 @@ def _ids(data):
     return [r["id"] for r in data["rows"]]
 
 
-def test_list_filters_sorts_and_pages(site):
+def test_list_filters_sorts_and_pages(site, tiny_model_dir):
     client, ids, _ = site
+    tiny_model = tiny_model_dir
     everything = client.get("/api/rollouts").json()
     assert everything["total"] == 4 and set(_ids(everything)) == {ids["planner"], ids["retry"], ids["running"], "crafted"}
     row = next(r for r in everything["rows"] if r["id"] == ids["planner"])
     # planner: 3 calls in 2 sessions (agent:planner, session:s1) by 2 agents, 8 generated tokens each
     assert (row["calls"], row["sessions"], row["agents"], row["tokens"], row["reward"]) == (3, 2, 2, 24, 1.0)
+    # the harness's User-Agent, the model that served (the local checkpoint), the API surface
+    assert row["harness"][0].startswith("OpenAI/Python") and len(row["harness"]) == 1
+    assert (row["model"], row["surface"], row["errors"]) == ([str(tiny_model)], ["chat"], 0)
+    running = next(r for r in everything["rows"] if r["id"] == ids["running"])
+    # its refused call: another harness, the model name as sent, one error the harness saw
+    assert running["errors"] == 1 and running["calls"] == 2 and HARNESS in running["harness"]
+    assert set(running["model"]) == {str(tiny_model), "tiny"} and running["more"] == {"harness": 0, "model": 0, "surface": 0}
+    assert _ids(client.get("/api/rollouts", params={"errors": "yes"}).json()) == [ids["running"]]
+    assert ids["running"] not in _ids(client.get("/api/rollouts", params={"errors": "no"}).json())
+    assert _ids(client.get("/api/rollouts", params={"sort": "errors"}).json())[0] == ids["running"]
     assert set(_ids(client.get("/api/rollouts", params={"run": "round-0"}).json())) == {ids["planner"], ids["retry"]}
     assert _ids(client.get("/api/rollouts", params={"status": "running"}).json()) == [ids["running"]]
     assert _ids(client.get("/api/rollouts", params={"group": "g2", "task": "t2", "status": "finished"}).json()) == ["crafted"]
@@ -65,12 +76,15 @@ def test_list_filters_sorts_and_pages(site):
     assert set(_ids(pages[0]) + _ids(pages[1])) == set(_ids(everything))  # pages partition the list
     html = client.get("/", params={"run": "round-1"}).text
     assert f'data-rollout="{ids["running"]}"' in html and f'data-rollout="{ids["planner"]}"' not in html
+    assert "fixture-harness/1.0 &lt;b&gt;ua&lt;/b&gt;" in html and 'class="num errors has-errors">1<' in html
 
 
 def test_bad_queries_are_one_line_errors(site):
     client, _, _ = site
     r = client.get("/api/rollouts", params={"reward_min": "lots"})
     assert r.status_code == 400 and r.json()["error"]["message"] == "reward_min='lots' is not a number"
+    r = client.get("/api/rollouts", params={"errors": "maybe"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "errors='maybe': use yes or no"
     r = client.get("/api/rollouts", params={"sort": "colour"})
     assert r.status_code == 400 and "sort='colour'" in r.json()["error"]["message"]
     r = client.get("/api/rollouts/nope")
@@ -92,6 +106,14 @@ def test_rollout_view_trees_classes_rewards(site):
     # p1 added one message after the parent's two and its reply
     assert v["calls"][2]["added_from"] == 3 and [m["content"] for m in v["calls"][2]["messages"]] == ["Worker says: Paris."]
 
+    # the refused call: in its session's chain (it repeats q0's messages: a fork of the root), its reason shown
+    running = client.get(f"/api/rollouts/{ids['running']}").json()
+    refused = next(c for c in running["calls"] if c["id"] == ids["refused"])
+    assert (refused["status"], refused["surface"], refused["client"]) == ("error", "chat", HARNESS)
+    assert refused["preview"] == refused["error"] == "400 invalid_request_error: 'max_tokens' must be an integer >= 1"
+    assert [(r["call"], r["depth"], r["cause"]) for r in running["sessions"][0]["rows"]] == [
+        (ids["q0"], 0, "start"), (ids["refused"], 0, "branch")]  # two one-shot roots: a list
+    assert running["rollout"]["errors"] == 1
     retry = client.get(f"/api/rollouts/{ids['retry']}").json()
     (tree,) = retry["trees"]
     assert tree["nodes"][0]["children"] == [1, 2] and tree["nodes"][1]["branch"] and tree["nodes"][2]["branch"]
@@ -174,7 +196,7 @@ def test_paging_100k_rollouts_stays_on_indexes(tmp_path):
         c.execute(insert(Reward), [{"rollout_id": f"r{i:06d}", "kind": "outcome", "name": "outcome",
                                     "value": float(v), "created_at": 1e9} for i, v in enumerate(rng.random(n))])
     cases = [{}, {"run": "round-3"}, {"status": "running", "sort": "task"}, {"group": "g77"},
-             {"reward_min": "0.9"}, {"sort": "reward"}, {"page": "1000"}]
+             {"reward_min": "0.9"}, {"sort": "reward"}, {"page": "1000"}, {"errors": "no", "sort": "errors"}]
     for params in cases:
         start = time.perf_counter()
         page = list_rollouts(engine, ListQuery.parse(params))
@@ -187,6 +209,8 @@ def test_paging_100k_rollouts_stays_on_indexes(tmp_path):
         plan = " ".join(r[3] for r in c.execute(text(
             "EXPLAIN QUERY PLAN SELECT rollout_id FROM rewards WHERE kind = 'outcome' AND value >= 0.9")))
         assert "ix_rewards_kind_value" in plan
+        plan = " ".join(r[3] for r in c.execute(text("EXPLAIN QUERY PLAN SELECT id FROM rollouts WHERE errors > 0")))
+        assert "ix_rollouts_errors" in plan
     engine.dispose()
 
 
@@ -219,12 +243,15 @@ def test_list_query_on_sqlite_and_postgres(db_target):
         s.add(Reward(rollout_id="r1", kind="process", name="fmt", value=9.0, created_at=0.0))
         for seq, (agent, session) in enumerate((("p", None), ("w", "s1"), ("w", "s2"), ("p", None))):
             s.add(Call(id=f"c{seq}", rollout_id="r0", seq=seq, agent=agent, session_id=session, endpoint="chat",
+                       surface="responses-ws" if agent == "p" else "messages", client=f"cli-{agent}", model="m",
                        request={}, status="ok", completion_tokens=5, created_at=0.0))
     page = list_rollouts(engine, ListQuery.parse({"sort": "reward", "order": "asc"}))
     # r1 has no outcome (its process reward is not one): last, on both DBs
     assert [(r["id"], r["reward"]) for r in page["rows"]] == [("r2", 0.0), ("r0", 0.5), ("r1", None)]
     r0 = next(r for r in page["rows"] if r["id"] == "r0")
     assert (r0["calls"], r0["sessions"], r0["agents"], r0["tokens"]) == (4, 3, 2, 20)  # agent:p, s1, s2
+    # two calls each: a tie, broken by the name
+    assert (r0["harness"], r0["model"], r0["surface"]) == (["cli-p", "cli-w"], ["m"], ["messages", "responses-ws"])
     engine.dispose()
 
 

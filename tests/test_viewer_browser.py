@@ -17,7 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 from cdp import chromium_page
-from viewer_fixtures import ONERROR, PAYLOAD, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all, serve
+from viewer_fixtures import (HARNESS, ONERROR, PAYLOAD, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session,
+                             record_all, serve)
 
 from harnessrl.client import HarnessRL
 from harnessrl.proxy.local_backend import LocalBackend
@@ -94,6 +95,10 @@ def test_list_page_shows_the_rollouts_and_filters(site, shots):
     shown = [a["data-rollout"] for a in dom.having("tr") if "data-rollout" in a]
     assert set(shown) == {ids["planner"], ids["retry"], ids["running"], "crafted"}
     assert dom.having("html", **{"data-js": "on"})  # the viewer's own script ran under the CSP
+    # the new columns: the running rollout's refused call counts as an error; the harness's
+    # User-Agent (with markup) is text
+    assert [a["class"] for a in dom.having("td", class_="errors")].count("num errors has-errors") == 1
+    assert HARNESS in dom.text and not dom.having("b") and dom.having("span", class_="kind", title=HARNESS)
     dom = chromium(url + "/?run=round-0&sort=reward&order=asc", tmp)
     assert [a["data-rollout"] for a in dom.having("tr") if "data-rollout" in a] == [ids["retry"], ids["planner"]]
     chromium(url + "/", tmp, shots / "viewer-rollouts.png", height=520)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 from asgi_thread import serve_in_thread
 
@@ -30,6 +31,9 @@ CRAFTED = ('<think>plan <b>first</b></think>\n<tool_call>\n{"name": "lookup", "a
            + SCRIPT.replace('"', "'") + '"}}\n</tool_call><|im_end|>')
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look something up.", "parameters": {
     "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+
+
+HARNESS = "fixture-harness/1.0 <b>ua</b>"  # a User-Agent with markup: shown as text
 
 
 def chat(ro, agent, messages, session=None, parent=None, tools=None) -> tuple[str, dict]:
@@ -65,6 +69,10 @@ def record_through_proxy(url: str) -> dict[str, str]:
     running = hrl.create_rollout(task_id="t2", group_id="g2", run="round-1")  # left running
     ids["running"] = running.id
     ids["q0"], _ = chat(running, "solo", [{"role": "user", "content": "Still going."}])
+    refused = httpx.post(running.base_url("solo") + "/chat/completions", json={"model": "tiny", "messages": [
+        {"role": "user", "content": "Still going."}], "max_tokens": -1}, headers={"User-Agent": HARNESS})
+    assert refused.status_code == 400  # refused before it ran, and recorded as an error call
+    ids["refused"] = refused.headers["x-harnessrl-call"]
     running.reward(0.25)
     hrl.close()
     return ids

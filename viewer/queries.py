@@ -1,6 +1,8 @@
 """The rollout list and group queries: filters and sorts on indexed columns only, paging in the
 database, and per-call aggregates computed for the rows of one page (never for the whole table),
-so a page costs the same with 100 or 100k rollouts.
+so a page costs the same with 100 or 100k rollouts. A row names the harnesses (the calls'
+User-Agent), models and API surfaces of its calls and counts its harness-visible errors
+(`rollouts.errors`, kept by the proxy, so filtering and sorting on it reads no calls).
 
 A rollout's outcome reward is its latest reported `outcome` reward (the compiler's rule: the
 latest report wins); the reward-range filter keeps rollouts with an outcome report in range.
@@ -39,8 +41,11 @@ SORTS = {
     "group": Rollout.group_id,
     "run": Rollout.run,
     "status": Rollout.status,
+    "errors": Rollout.errors,
     "reward": None,  # the latest outcome, bound per query
 }
+ERRORS = ("yes", "no")  # the errors filter: rollouts with / without harness-visible errors
+SHOWN = 2  # distinct harnesses, models, surfaces named per row (the rest counted)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class ListQuery:
     task: str = ""
     group: str = ""
     status: str = ""
+    errors: str = ""
     reward_min: float | None = None
     reward_max: float | None = None
     sort: str = "started"
@@ -65,7 +71,8 @@ class ListQuery:
         unknown = sorted(set(params) - known - {"live"})
         if unknown:
             raise UserError(f"unknown query parameter {unknown[0]!r} (known: {', '.join(sorted(known))})")
-        values: dict[str, Any] = {k: params[k].strip() for k in ("run", "task", "group", "status") if k in params}
+        values: dict[str, Any] = {k: params[k].strip() for k in ("run", "task", "group", "status", "errors")
+                                  if k in params}
         for k in ("reward_min", "reward_max"):
             if params.get(k, "").strip():
                 try:
@@ -85,6 +92,8 @@ class ListQuery:
             raise UserError(f"order={q.order!r}: use asc or desc")
         if q.status and q.status not in STATUSES:
             raise UserError(f"status={q.status!r}: use one of {', '.join(STATUSES)}")
+        if q.errors and q.errors not in ERRORS:
+            raise UserError(f"errors={q.errors!r}: use yes or no")
         if q.page < 1 or not 1 <= q.per_page <= PER_PAGE_MAX:
             raise UserError(f"page must be ≥ 1 and per_page within 1..{PER_PAGE_MAX}")
         return q
@@ -104,6 +113,8 @@ def _filtered(q: ListQuery, stmt):
                        (q.status, Rollout.status)):
         if value:
             stmt = stmt.where(col == value)
+    if q.errors:
+        stmt = stmt.where(Rollout.errors > 0 if q.errors == "yes" else Rollout.errors == 0)
     if q.reward_min is not None or q.reward_max is not None:
         cond = [Reward.kind == "outcome"]
         if q.reward_min is not None:
@@ -125,7 +136,8 @@ def list_rollouts(engine: Engine, q: ListQuery) -> dict[str, Any]:
     with engine.connect() as conn:
         total = conn.execute(_filtered(q, select(func.count()).select_from(Rollout))).scalar_one()
         rows = conn.execute(_filtered(q, select(Rollout.id, Rollout.task_id, Rollout.group_id, Rollout.run,
-                                                Rollout.status, Rollout.created_at, Rollout.finished_at))
+                                                Rollout.status, Rollout.errors, Rollout.created_at,
+                                                Rollout.finished_at))
                             .order_by(*order).limit(q.per_page).offset((q.page - 1) * q.per_page)).all()
         out = [_row(r) for r in rows]
         _add_aggregates(conn, out)
@@ -135,8 +147,10 @@ def list_rollouts(engine: Engine, q: ListQuery) -> dict[str, Any]:
 
 def _row(r) -> dict[str, Any]:
     return {"id": r.id, "task": r.task_id, "group": r.group_id, "run": r.run, "status": r.status,
-            "started": r.created_at, "duration": (r.finished_at - r.created_at) if r.finished_at else None,
-            "reward": None, "calls": 0, "sessions": 0, "agents": 0, "tokens": 0}
+            "errors": r.errors, "started": r.created_at,
+            "duration": (r.finished_at - r.created_at) if r.finished_at else None,
+            "reward": None, "calls": 0, "sessions": 0, "agents": 0, "tokens": 0,
+            "harness": [], "model": [], "surface": [], "more": {"harness": 0, "model": 0, "surface": 0}}
 
 
 def _add_aggregates(conn, rows: list[dict[str, Any]]) -> None:
@@ -152,10 +166,29 @@ def _add_aggregates(conn, rows: list[dict[str, Any]]) -> None:
            .where(Call.rollout_id.in_(ids)).group_by(Call.rollout_id))
     for rid, n, sessions, agents, tokens in conn.execute(agg):
         by_id[rid].update(calls=n, sessions=sessions, agents=agents, tokens=int(tokens))
+    _add_kinds(conn, by_id)
     rewards = (select(Reward.rollout_id, Reward.value).where(Reward.rollout_id.in_(ids), _outcome_kind())
                .order_by(Reward.id))
     for rid, value in conn.execute(rewards):
         by_id[rid]["reward"] = value  # the latest report wins
+
+
+def _add_kinds(conn, by_id: dict[str, dict[str, Any]]) -> None:
+    """Per row the harnesses (User-Agent), models and API surfaces of its calls, the most used
+    first: SHOWN of each named, the rest counted in `more`."""
+    kinds = (select(Call.rollout_id, Call.client, Call.model, Call.surface, func.count())
+             .where(Call.rollout_id.in_(list(by_id))).group_by(Call.rollout_id, Call.client, Call.model, Call.surface))
+    counts: dict[str, dict[str, dict[str, int]]] = {}
+    for rid, client, model, surface, n in conn.execute(kinds):
+        per = counts.setdefault(rid, {"harness": {}, "model": {}, "surface": {}})
+        for name, value in (("harness", client), ("model", model), ("surface", surface)):
+            if value:
+                per[name][value] = per[name].get(value, 0) + n
+    for rid, per in counts.items():
+        for name, seen in per.items():
+            ranked = sorted(seen, key=lambda v: (-seen[v], v))
+            by_id[rid][name] = ranked[:SHOWN]
+            by_id[rid]["more"][name] = len(ranked) - SHOWN if len(ranked) > SHOWN else 0
 
 
 def runs(engine: Engine, limit: int = 200) -> list[str]:
@@ -173,7 +206,7 @@ def group_rollouts(engine: Engine, group: str) -> list[dict[str, Any]]:
     cond = or_(Rollout.group_id == group, and_(Rollout.group_id.is_(None), Rollout.task_id == group))
     with engine.connect() as conn:
         rows = conn.execute(select(Rollout.id, Rollout.task_id, Rollout.group_id, Rollout.run, Rollout.status,
-                                   Rollout.created_at, Rollout.finished_at)
+                                   Rollout.errors, Rollout.created_at, Rollout.finished_at)
                             .where(cond).order_by(Rollout.created_at, Rollout.id).limit(GROUP_LIMIT)).all()
         out = [_row(r) for r in rows]
         _add_aggregates(conn, out)

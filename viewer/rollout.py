@@ -180,7 +180,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         s["samples"] = next((t["samples"] for t in trees if t["key"] == s["key"]), [])
     return {
         "rollout": {"id": ro.id, "task": ro.task_id, "group": ro.group_id, "run": ro.run, "status": ro.status,
-                    "started": ro.created_at, "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
+                    "errors": ro.errors, "started": ro.created_at, "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
                     "meta": ro.meta},
         "outcome": outcome,
         "rewards": [{"call_id": r.call_id, "kind": r.kind, "name": r.name, "value": r.value} for r in rewards],
@@ -205,6 +205,7 @@ def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: L
     return {
         "id": c.id, "seq": c.seq, "agent": c.agent, "session_id": c.session_id,
         "key": session_key(c.session_id, c.agent), "parent_call_id": c.parent_call_id, "endpoint": c.endpoint,
+        "surface": c.surface, "client": c.client,
         "model": c.model, "stream": c.stream, "status": c.status, "error": c.error, "finish_reason": c.finish_reason,
         "latency_ms": c.latency_ms, "weight_version": c.weight_version, "prompt_path": c.prompt_path,
         "prefix_call_id": c.prefix_call_id, "drift": c.drift, "prompt_tokens": c.prompt_tokens,
