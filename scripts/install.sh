@@ -4,6 +4,7 @@
 #   PYTHON  the interpreter (default python3.11; any of requires-python's 3.11–3.13 works)
 #   EXTRAS  extras to install (default dev,examples; CI's second-interpreter venv uses dev)
 #   MITM    1 (default): also make .venv-mitm, mitmproxy's own venv for `harnessrl intercept`/`run`
+#   HARNESSES 1 (default): also install the real harnesses of harnesses.lock (scripts/install_harnesses.sh)
 # On a machine without an NVIDIA GPU, torch==2.13.0 goes in first: pip takes the CPU build where
 # one is on its indexes or find-links (this machine has the cp311 one), else PyPI's build, whose
 # CUDA libraries (several GB) are only loaded on a GPU. With a GPU, pip resolves torch from the
@@ -50,5 +51,8 @@ if [ "${MITM:-1}" = 1 ] && ! .venv-mitm/bin/mitmdump --version >/dev/null 2>&1; 
   "$MITM_PYTHON" -m venv .venv-mitm
   .venv-mitm/bin/python -m pip install -q "mitmproxy>=11.0.2,<13"
   echo "mitmproxy installed in .venv-mitm ($(.venv-mitm/bin/mitmdump --version | head -1))"
+fi
+if [ "${HARNESSES:-1}" = 1 ]; then
+  PYTHON=$PYTHON bash scripts/install_harnesses.sh
 fi
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" -V))"

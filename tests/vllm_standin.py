@@ -23,7 +23,11 @@ holding U+0000 (as models sometimes do). vLLM's reload API (`/collective_rpc` re
 that a reload overtakes reports two version spans. With `api_key` it answers 401 to any request without
 `Authorization: Bearer <api_key>` (vLLM's `--api-key`) and keeps the Authorization headers it
 was sent in `app.state.auth_seen`. Run as a process:
-`python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY]`.
+`python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY] [--scripted]`.
+
+Scripted mode (`--scripted`, `create_app(..., scripted=True)`): the reply is what
+tests/scripted_agent.py answers to the rendered prompt, so a real harness (Claude Code, Codex, ...)
+runs its agent loop to the end: a call of its shell tool, then an answer quoting the output.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import zlib
 import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
+from scripted_agent import answer as scripted_answer
 from starlette.responses import Response, StreamingResponse
 
 WEIGHT_VERSION = "standin-v1"
@@ -49,9 +54,10 @@ def _err(status: int, message: str, type_: str = "BadRequestError") -> Response:
 
 
 class StandIn:
-    def __init__(self, tokenizer_dir: str) -> None:
+    def __init__(self, tokenizer_dir: str, scripted: bool = False) -> None:
         from transformers import AutoTokenizer
 
+        self.scripted = scripted
         self.tok = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.version = WEIGHT_VERSION  # changed by a reload (vLLM's reload_weights / load_lora_adapter)
         self.reloads = 0
@@ -70,23 +76,18 @@ class StandIn:
             ids = self._prompts[key] = self.tok.encode(text, add_special_tokens=False)
         return ids
 
-    def reply(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+    def reply(self, prompt_ids: list[int], response_format: dict | None = None) -> tuple[list[int], list[float]]:
         """Like a model, answers from the prompt alone: with tool schemas in it, a tool call
-        (until three tool results came back), else a short answer."""
-        key = tuple(prompt_ids)
+        (until three tool results came back), else a short answer. Scripted: what
+        `scripted_agent.answer` says to the prompt (a real harness's agent loop)."""
+        key = (tuple(prompt_ids), orjson.dumps(response_format) if self.scripted else None)
         got = self._replies.get(key)
         if got is not None:
             return got
-        h = zlib.crc32(str(prompt_ids).encode())
-        word, num = _WORDS[h % len(_WORDS)], h % 1000
-        prompt = self.tok.decode(prompt_ids)
-        tools = re.search(r"<tools>\n(.*)\n", prompt)
-        if tools and prompt.count("<tool_response>") < 3:
-            name = orjson.loads(tools.group(1)).get("name", "tool")
-            text = (f"<think>\nI should look up {word}.\n</think>\n\n<tool_call>\n"
-                    f'{{"name":"{name}","arguments":{{"key":"{word}","n":{num}}}}}\n</tool_call>')
+        if self.scripted:
+            text = scripted_answer(self.tok.decode(prompt_ids), response_format)
         else:
-            text = f"The answer is {word} {num}."
+            text = self._free_text(prompt_ids)
         ids: list[int] = []
         for special in ("<think>", "</think>", "<tool_call>", "</tool_call>"):
             text = text.replace(special, f"\0{special}\0")
@@ -100,6 +101,17 @@ class StandIn:
         lps = [-((t * 7919) % 1000) / 250.0 - 0.01 for t in ids]
         self._replies[key] = (ids, lps)
         return ids, lps
+
+    def _free_text(self, prompt_ids: list[int]) -> str:
+        h = zlib.crc32(str(prompt_ids).encode())
+        word, num = _WORDS[h % len(_WORDS)], h % 1000
+        prompt = self.tok.decode(prompt_ids)
+        tools = re.search(r"<tools>\n(.*)\n", prompt)
+        if tools and prompt.count("<tool_response>") < 3:
+            name = orjson.loads(tools.group(1)).get("name", "tool")
+            return (f"<think>\nI should look up {word}.\n</think>\n\n<tool_call>\n"
+                    f'{{"name":"{name}","arguments":{{"key":"{word}","n":{num}}}}}\n</tool_call>')
+        return f"The answer is {word} {num}."
 
     def pieces(self, ids: list[int], skip_special: bool = False) -> list[str]:
         """The text each token adds (what a streaming detokenizer emits), cached per reply."""
@@ -127,7 +139,7 @@ class StandIn:
             return bad
         tools = req.get("tools") if req.get("tool_choice") != "none" else None
         prompt = self.chat_prompt(req["messages"], req.get("tools"))
-        ids, lps = self.reply(prompt)
+        ids, lps = self.reply(prompt, req.get("response_format"))
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
         finish = "stop"
         if len(ids) > max_tokens:
@@ -215,7 +227,7 @@ class StandIn:
         if isinstance(p, list) and p and isinstance(p[0], str):
             p = p[0]
         prompt = self.tok.encode(p) if isinstance(p, str) else list(p)
-        ids, lps = self.reply(prompt)
+        ids, lps = self.reply(prompt, req.get("response_format"))
         max_tokens = req.get("max_tokens") or 16
         finish = "stop"
         if len(ids) > max_tokens:
@@ -332,8 +344,8 @@ def _usage(prompt: list[int], ids: list[int]) -> dict:
     return {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
 
 
-def create_app(tokenizer_dir: str, api_key: str | None = None) -> FastAPI:
-    s = StandIn(tokenizer_dir)
+def create_app(tokenizer_dir: str, api_key: str | None = None, scripted: bool = False) -> FastAPI:
+    s = StandIn(tokenizer_dir, scripted)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.auth_seen = []
     if api_key is not None:
@@ -375,8 +387,9 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8001)
     ap.add_argument("--api-key", default=None, help="require this bearer key, like vLLM's --api-key")
+    ap.add_argument("--scripted", action="store_true", help="answer like an agent (tests/scripted_agent.py)")
     args = ap.parse_args()
-    uvicorn.run(create_app(args.tokenizer, args.api_key), host=args.host, port=args.port, loop="uvloop", http="httptools",
+    uvicorn.run(create_app(args.tokenizer, args.api_key, args.scripted), host=args.host, port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, backlog=4096)
 
 

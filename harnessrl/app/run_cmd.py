@@ -23,6 +23,7 @@ from typing import IO
 import httpx
 from rich.console import Console
 
+from harnessrl.app.codex_home import codex_home
 from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
 from harnessrl.client import HarnessRL, HarnessRLError, Rollout
 from harnessrl.errors import UserError
@@ -55,13 +56,16 @@ def proxy_key() -> str | None:
 
 def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Interceptor | None) -> dict[str, str]:
     """What the command gets on top of this environment. Its own API keys are left alone (with
-    interception they never leave mitmdump); where it has none, the rollout's `hrl-` key."""
+    interception they never leave mitmdump); where it has none, the rollout's `hrl-` key, which
+    is also in HARNESSRL_KEY (what the Codex provider of `codex_home` sends)."""
     base = ro.base_url(agent)
     identity = f"hrl-{ro.id}-{agent}"
-    env = {"HARNESSRL_PROXY": proxy_url, "HARNESSRL_ROLLOUT": ro.id, "HARNESSRL_AGENT": agent,
-           "HARNESSRL_BASE_URL": base, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
-           "ANTHROPIC_BASE_URL": base.removesuffix("/v1")}  # the anthropic SDK adds /v1/messages itself
     key = identity + (f":{proxy_key()}" if proxy_key() else "")
+    # ANTHROPIC_BASE_URL without /v1: the official SDKs append /v1/messages, the Vercel AI SDK
+    # (OpenCode) appends /messages, and the proxy serves both paths
+    env = {"HARNESSRL_PROXY": proxy_url, "HARNESSRL_ROLLOUT": ro.id, "HARNESSRL_AGENT": agent,
+           "HARNESSRL_BASE_URL": base, "HARNESSRL_KEY": key, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
+           "ANTHROPIC_BASE_URL": base.removesuffix("/v1")}
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         if not os.environ.get(name):
             env[name] = key
@@ -158,6 +162,12 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
     if callable(cmd):
         cmd = cmd(ro)
     env = {**os.environ, **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
+    with codex_home(ro.base_url(opts.agent), env) as home:
+        env["CODEX_HOME"] = str(home)  # Codex ignores OPENAI_BASE_URL: a provider config instead
+        return _score(ro, cmd, opts, env, stdout)
+
+
+def _score(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str], stdout: IO | None) -> tuple[int, float | None, str | None]:
     reward_file = None
     if opts.reward_from not in (None, *REWARD_SOURCES):
         reward_file = Path(opts.reward_from).resolve()

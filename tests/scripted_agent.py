@@ -1,0 +1,143 @@
+"""The "model" of the vLLM stand-in's scripted mode (`vllm_standin.py --scripted`): answers a real
+harness like an agent would, from the prompt the harness's request renders to (the tiny model's
+Qwen/hermes chat template), so it works the same for chat requests and for the token-id
+completions of the proxy's prefix mode.
+
+- A request with tools and no tool result yet: one tool call running SHELL_COMMAND through the
+  harness's own shell tool (Claude Code's `Bash`, OpenCode's and mini-swe-agent's `bash`, Codex's
+  `exec_command` / `shell` / code-mode `exec`), or a handoff (`transfer_to_*`) first when the
+  harness offers one, or else its first tool with arguments made from the schema.
+- A tool result back: mini-swe-agent's finishing command if the harness asks for one, else a final
+  answer quoting the tool's output (the tests look for TOOL_OUTPUT in it, proving the tool ran).
+- No tools: aider's whole-file listing when it asks for one (applying `replace "A" with "B"` from
+  the request), a JSON object for `response_format` (title calls), else a short sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+SHELL_COMMAND = "printf 'hrl-%s\\n' tool-ran"
+TOOL_OUTPUT = "hrl-tool-ran"  # what SHELL_COMMAND prints, and no request holds before it ran
+MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_THINK = "<think>\nI will run a command and report what it prints.\n</think>\n\n"
+
+
+def _turns(prompt: str) -> list[tuple[str, str]]:
+    """(role, text) of each rendered message, the generation prompt's empty assistant turn left out."""
+    turns = []
+    for part in prompt.split("<|im_start|>")[1:]:
+        role, _, text = part.partition("\n")
+        turns.append((role, text.split("<|im_end|>")[0]))
+    if turns and turns[-1][0] == "assistant" and not turns[-1][1].strip():
+        turns.pop()
+    return turns
+
+
+def _tools(prompt: str) -> list[dict]:
+    block = re.search(r"<tools>\n(.*?)\n?</tools>", prompt, re.S)
+    if not block:
+        return []
+    return [json.loads(line) for line in block.group(1).splitlines() if line.strip()]
+
+
+def _short(name: str) -> str:
+    """A tool's own name, without the namespace a surface may have put before it."""
+    return re.split(r"[.]|__", name)[-1]
+
+
+def _call(name: str, arguments: dict) -> str:
+    return f"{_THINK}<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def _string_params(tool: dict) -> list[str]:
+    props = (tool.get("parameters") or {}).get("properties") or {}
+    return [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
+
+
+def _shell_call(tools: list[dict]) -> str | None:
+    by_name = {_short(t.get("name", "")): t for t in tools}
+    if (t := by_name.get("Bash")) or (t := by_name.get("bash")):
+        args = {"command": SHELL_COMMAND}
+        if "description" in ((t.get("parameters") or {}).get("required") or []):
+            args["description"] = "Print a marker"  # OpenCode's bash requires it
+        return _call(t["name"], args)
+    if t := by_name.get("exec_command"):
+        return _call(t["name"], {"cmd": SHELL_COMMAND})
+    if t := by_name.get("shell"):
+        return _call(t["name"], {"command": ["bash", "-lc", SHELL_COMMAND]})
+    if (t := by_name.get("exec")) and _string_params(t):  # Codex's code mode: JavaScript calling its shell tool
+        code = f"const r = await tools.exec_command({{cmd: {json.dumps(SHELL_COMMAND)}}});\ntext(r);"
+        return _call(t["name"], {_string_params(t)[0]: code})
+    return None
+
+
+def _from_schema(schema: dict) -> object:
+    """A small value that satisfies a JSON schema (the kinds harnesses use for arguments and titles)."""
+    kind = schema.get("type")
+    if "enum" in schema:
+        return schema["enum"][0]
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return {k: _from_schema(props.get(k) or {}) for k in (schema.get("required") or list(props))}
+    if kind == "array":
+        return [_from_schema(schema.get("items") or {})]
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return True
+    return "hrl"
+
+
+def _last_call_name(turns: list[tuple[str, str]]) -> str | None:
+    for role, text in reversed(turns):
+        if role == "assistant":
+            calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, re.S)
+            try:
+                return json.loads(calls[-1]).get("name") if calls else None
+            except ValueError:  # a harness may send back a call whose arguments are not JSON
+                return None
+    return None
+
+
+def _aider_listing(turns: list[tuple[str, str]]) -> str:
+    """The file aider added to the chat, whole, with the request's `replace "A" with "B"` applied."""
+    files = [t for r, t in turns if r == "user" and "*added these files to the chat*" in t]
+    match = re.search(r"\n\n(\S+)\n```\n(.*?)```", files[-1], re.S) if files else None
+    if not match:
+        return "There is no file in the chat to edit."
+    name, content = match.groups()
+    for old, new in re.findall(r'replace "([^"]+)" with "([^"]+)"', turns[-1][1]):
+        content = content.replace(old, new)
+    return f"I will make the change.\n\n{name}\n```\n{content}```\n"
+
+
+def answer(prompt: str, response_format: dict | None = None) -> str:
+    """The reply text (hermes tool calls in it) to a rendered prompt."""
+    turns, tools = _turns(prompt), _tools(prompt)
+    if response_format and response_format.get("type") in ("json_schema", "json_object"):
+        schema = (response_format.get("json_schema") or {}).get("schema") or {"properties": {"title": {"type": "string"}}}
+        return json.dumps(_from_schema(schema))
+    # what came after the model's last turn (a harness may add a user note after the tool results)
+    since = len(turns) - next((i for i, (role, _) in enumerate(reversed(turns)) if role == "assistant"), len(turns))
+    latest = "\n".join(text for _, text in turns[since:])
+    if tools:
+        handoffs = [t for t in tools if _short(t.get("name", "")).startswith("transfer_to_")]
+        called = _short(_last_call_name(turns) or "")
+        if "<tool_response>" not in latest or called.startswith("transfer_to_"):
+            others = [t for t in tools if t not in handoffs]
+            if handoffs and not called.startswith("transfer_to_"):
+                return _call(handoffs[0]["name"], {})
+            if shell := _shell_call(others):
+                return shell
+            if others:
+                return _call(others[0]["name"], _from_schema(others[0].get("parameters") or {}))
+        outputs = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", latest, re.S)
+        output = outputs[-1].strip() if outputs else ""
+        if "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in prompt and called == "bash" and TOOL_OUTPUT in output:
+            return _call("bash", {"command": MINI_SUBMIT})  # mini-swe-agent ends on this command's output
+        return f"{_THINK}The command printed: {output[:300]}"
+    if "*file listing*" in prompt:
+        return _aider_listing(turns)
+    return "Done."

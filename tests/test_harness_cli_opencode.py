@@ -1,0 +1,36 @@
+"""OpenCode (npm opencode-ai, harnesses.lock) in its default configuration: `opencode run TASK`
+(its Anthropic provider) by ANTHROPIC_BASE_URL and under `harnessrl run` (tests/harness_cli.py)."""
+
+import harness_cli as hc
+import pytest
+
+pytestmark = pytest.mark.harness
+NAME = "opencode"
+
+
+@pytest.fixture(scope="module")
+def session(tokenizer_dir, tmp_path_factory):
+    return hc.session(NAME, tokenizer_dir, tmp_path_factory.mktemp(NAME))
+
+
+@pytest.mark.parametrize("mode", hc.MODES)
+def test_the_run_completes_and_answers_with_the_tool_output(session, mode):
+    hc.check_completed(session, mode)
+
+
+@pytest.mark.parametrize("mode", hc.MODES)
+def test_every_call_is_recorded_ok_with_token_ids(session, mode):
+    hc.check_calls(session, mode)
+
+
+@pytest.mark.parametrize("mode", hc.MODES)
+def test_the_turn_after_the_tool_extends_the_turn_before(session, mode):
+    hc.check_merged(session, mode)
+
+
+def test_compile_yields_samples_of_both_runs(session):
+    hc.check_compiled(session)
+
+
+def test_no_api_key_is_stored_or_logged(session):
+    hc.check_no_keys(session)
