@@ -237,8 +237,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
             response = await serving.handle(call, ident, call_id, wire, adapter.error)
         except Exception as exc:  # noqa: BLE001 - `handle` answers its own failures; these are refusals
             err = exc if isinstance(exc, ProxyError) else internal_error(exc, scope["path"])
-            response = await refuse(state["serving"], adapter, err, ident if admitted else None, body,
-                                    user_agent(headers), t0)
+            response = await refuse(state["serving"], adapter, err, ident, admitted, body, user_agent(headers), t0)
         try:
             await response(scope, receive, send)
         finally:

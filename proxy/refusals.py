@@ -35,11 +35,11 @@ _MODEL_CHARS = 256  # `calls.model`: a refused body's model may be any length
 log = logging.getLogger("harnessrl.proxy")
 
 
-async def refuse(serving: Serving, adapter: Adapter, err: ProxyError, ident: Identity | None, body: Any,
-                 client: str | None, t0: float) -> Response:
-    """The answer to a refused call. `ident`: its identity once its rollout is known to be running
-    (the call is recorded there), else None (counted and logged only); `body`: the parsed body,
-    if it was read."""
+async def refuse(serving: Serving, adapter: Adapter, err: ProxyError, ident: Identity | None, admitted: bool,
+                 body: Any, client: str | None, t0: float) -> Response:
+    """The answer to a refused call. `ident`: its identity, if it was read; `admitted`: its rollout
+    is known to be running, so the call is recorded there (else it is counted and logged only);
+    `body`: the parsed body, if it was read."""
     call_id = new_call_id()
     current_call.set(call_id)
     body = body if isinstance(body, dict) else {}
@@ -53,7 +53,7 @@ async def refuse(serving: Serving, adapter: Adapter, err: ProxyError, ident: Ide
                      request=body if adapter.surface in _RECORDS_SHAPED or not body else
                      {"harnessrl_surface": {"api": adapter.surface, "body": body}})
     headers = None
-    if ident is None:
+    if ident is None or not admitted:
         rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}; not recorded"
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
         serving._done(rec, None, False, err.code)

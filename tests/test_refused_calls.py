@@ -83,9 +83,10 @@ def test_refused_calls_are_recorded_counted_and_logged(upstream, db_target, capl
     assert len(lines) == 1 and all(w in lines[0] for w in ("messages", "rollout ro2", "error", "400"))
 
 
-def test_a_finished_rollout_costs_one_request_and_adds_nothing(upstream, tmp_path):
+def test_a_finished_rollout_costs_one_request_and_adds_nothing(upstream, tmp_path, caplog):
     db = str(tmp_path / "runs.db")
-    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0)) as proxy:
+    with caplog.at_level(logging.INFO, logger="harnessrl.proxy"), \
+            run_proxy(ProxyConfig(db=db, upstream=upstream, port=0)) as proxy:
         rid = httpx.post(proxy.url + "/harnessrl/rollouts", json={"id": "done1"}).json()["id"]
         chat = openai.OpenAI(base_url=f"{proxy.url}/r/{rid}/a/main/v1", api_key="unused")  # default retries
         chat.chat.completions.create(model="m", messages=MSG, max_tokens=4)
@@ -103,6 +104,8 @@ def test_a_finished_rollout_costs_one_request_and_adds_nothing(upstream, tmp_pat
     calls, rollouts = _db(db)
     assert [c.status for c in calls] == ["ok"]  # the finished rollout is left as it was
     assert (rollouts[rid].status, rollouts[rid].errors) == ("finished", 0)
+    lines = [r.getMessage() for r in caplog.records if "rollout_finished" in r.getMessage()]
+    assert len(lines) == 2 and all("rollout done1: error" in x and "410" in x for x in lines)
 
 
 def test_an_unauthenticated_call_creates_nothing(upstream, tmp_path):
