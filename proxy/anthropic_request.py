@@ -1,15 +1,24 @@
 """The Anthropic Messages API, request side: a `POST /v1/messages` (or `/count_tokens`) body,
 checked with errors that name its own fields the way Anthropic does (`messages.1.content.0.type`),
-translated to the internal chat body.
+translated to the internal chat body. Every field is translated by one of these rules or refused
+with a 400 naming it — none is dropped unseen:
 
-`system` becomes the system message; an assistant turn's `thinking`, `text` and `tool_use` blocks
-one assistant message (thinking joined back into the content as the model wrote it,
-`surface_blocks.join_think`); a user turn's `tool_result` blocks tool messages (an `is_error`
-result's text starts with "Error: ", the one way chat can say so); `tools[].input_schema` a
-function's parameters; `tool_choice` auto/any/tool/none → auto/required/named/none; `stop_sequences`
-→ `stop`; `output_config.format` (a JSON schema) → `response_format`; `top_k` is passed on (vLLM
-honours it). `metadata`, `thinking`, effort and cache controls are recorded with the call and
-otherwise ignored.
+- `system` becomes the first system message; a `system` role message inside `messages` (Claude
+  Code's mid-conversation system messages, beta `mid-conversation-system-*`) a system message in
+  the same place (the chat template renders it there: the tiny model's as a system turn);
+- an assistant turn's `thinking`, `text` and `tool_use` blocks one assistant message (thinking
+  joined back into the content as the model wrote it, `surface_blocks.join_think`; a thinking
+  block's `signature` is not checked);
+- a user turn's `tool_result` blocks tool messages (an `is_error` result's text starts with
+  "Error: ", the one way chat can say so; a `tool_reference` in a result is the referenced tool's
+  definition, `anthropic_tools`), its text and image blocks the user message;
+- tools, `tool_choice`: `anthropic_tools` (client tools, deferred tools, hosted tools);
+- `stop_sequences` → `stop`; `output_config.format` (a JSON schema) → `response_format`; `top_k`
+  is passed on (vLLM honours it);
+- recorded with the call and otherwise ignored: `metadata`, `thinking` (the model thinks as its
+  template lets it), `output_config.effort`, `context_management` (the prompt is the conversation
+  the harness sent: nothing is cleared from it), `service_tier`, `container`, and `cache_control`
+  wherever it appears (a prompt-caching hint: the proxy's prefix reuse needs none).
 """
 
 from __future__ import annotations
@@ -17,12 +26,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harnessrl.proxy.anthropic_tools import tool_choice, tool_reference, tools
 from harnessrl.proxy.errors import ProxyError, bad_request
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.surface_blocks import join_think
+from harnessrl.proxy.surface_tools import Removed
 from harnessrl.proxy.validate import check_chat, is_int, is_num
 
 RECORDED_HEADERS = ("anthropic-version", "anthropic-beta")
+_TRANSLATED = {"model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences",
+               "stream", "tools", "tool_choice", "output_config"}
+_IGNORED = {"metadata", "thinking", "context_management", "service_tier", "container", "cache_control"}
+_OUTPUT_CONFIG = {"format", "effort"}
 
 
 def _bad(path: str, message: str) -> ProxyError:
@@ -44,15 +59,21 @@ _CHECKS = (
 )
 
 
-def to_request(body: dict) -> Request:
-    """The chat `Request` for a Messages body."""
+def to_request(body: dict, strict_tools: bool = False) -> Request:
+    """The chat `Request` for a Messages body; hosted tools removed (recorded in its notes) or,
+    with `strict_tools`, refused."""
     if body.get("max_tokens") is None:
         raise _bad("max_tokens", "field required")
-    return Request(translate(body), surface={"api": "anthropic", "body": body})
+    removed = Removed(strict_tools)
+    return Request(translate(body, removed), surface={"api": "anthropic", "body": body}, notes=removed.notes())
 
 
-def translate(body: dict) -> dict:
+def translate(body: dict, removed: Removed | None = None) -> dict:
     """The chat body for a Messages body (count_tokens bodies too: no max_tokens needed)."""
+    removed = removed if removed is not None else Removed()
+    for name in body:
+        if name not in _TRANSLATED and name not in _IGNORED and name != "mcp_servers":
+            raise _bad(name, "is not supported by this proxy")
     for name, ok, what in _CHECKS:
         if body.get(name) is not None and not ok(body[name]):
             raise _bad(name, what)
@@ -63,14 +84,21 @@ def translate(body: dict) -> dict:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "must be a non-empty list of messages")
+    declared = tools(body.get("tools") or [], removed)
     messages: list[dict] = []
     if body.get("system"):
         messages.append({"role": "system", "content": _text(body["system"], "system")})
     for i, m in enumerate(msgs):
         p = f"messages.{i}"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise _bad(p, "must be an object with role 'user' or 'assistant'")
-        messages += _assistant(m.get("content"), p) if m["role"] == "assistant" else _user(m.get("content"), p)
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise _bad(p, "must be an object with role 'user', 'assistant' or 'system'")
+        if m["role"] == "system":
+            messages.append({"role": "system", "content": _text(m.get("content"), f"{p}.content")})
+        else:
+            messages += (_assistant(m.get("content"), p) if m["role"] == "assistant"
+                         else _user(m.get("content"), p, declared.functions))
+    if not any(m.get("role") == "user" for m in msgs):
+        raise _bad("messages", "must hold a user message")
     if msgs[-1].get("role") == "assistant":
         raise _bad(f"messages.{len(msgs) - 1}", "a final assistant message (prefill) is not supported by this proxy")
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, "stream": bool(body.get("stream"))}
@@ -78,11 +106,17 @@ def translate(body: dict) -> dict:
                      ("top_k", "top_k"), ("stop_sequences", "stop")):
         if body.get(src) is not None:
             chat[dst] = body[src]
-    if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
+    if declared.shown:
+        chat["tools"] = declared.shown
     if body.get("tool_choice") is not None:
-        chat.update(_tool_choice(body["tool_choice"]))
-    fmt = (body.get("output_config") or {}).get("format") if isinstance(body.get("output_config"), dict) else None
+        chat.update(tool_choice(body["tool_choice"]))
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise _bad("output_config", "must be an object")
+    for key in config or {}:
+        if key not in _OUTPUT_CONFIG:
+            raise _bad(f"output_config.{key}", "is not supported by this proxy")
+    fmt = (config or {}).get("format")
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
             raise _bad("output_config.format", "must be {'type': 'json_schema', 'schema': {...}}")
@@ -102,13 +136,16 @@ def _blocks(content: Any, path: str) -> list[dict]:
     return content
 
 
-def _text(content: Any, path: str) -> str:
-    """Text blocks joined (system prompts, tool results)."""
+def _text(content: Any, path: str, known: dict[str, dict] | None = None) -> str:
+    """Text blocks joined (system prompts; tool results, where `known` tools may be referenced)."""
     out = []
     for j, b in enumerate(_blocks(content, path)):
-        if b["type"] != "text" or not isinstance(b.get("text"), str):
+        if b["type"] == "tool_reference" and known is not None:
+            out.append(tool_reference(b, f"{path}.{j}", known))
+        elif b["type"] != "text" or not isinstance(b.get("text"), str):
             raise _bad(f"{path}.{j}.type", f"only text blocks are supported here, got {b['type']!r}")
-        out.append(b["text"])
+        else:
+            out.append(b["text"])
     return "\n".join(out)
 
 
@@ -138,7 +175,7 @@ def _assistant(content: Any, path: str) -> list[dict]:
     return [msg]
 
 
-def _user(content: Any, path: str) -> list[dict]:
+def _user(content: Any, path: str, known: dict[str, dict]) -> list[dict]:
     out: list[dict] = []
     parts: list[dict] = []
 
@@ -154,7 +191,7 @@ def _user(content: Any, path: str) -> list[dict]:
             if not isinstance(b.get("tool_use_id"), str):
                 raise _bad(f"{p}.tool_use_id", "field required")
             flush()
-            text = _text(b.get("content") or "", f"{p}.content")
+            text = _text(b.get("content") or "", f"{p}.content", known)
             out.append({"role": "tool", "tool_call_id": b["tool_use_id"],
                         "content": "Error: " + text if b.get("is_error") else text})
         elif b["type"] == "text" and isinstance(b.get("text"), str):
@@ -174,37 +211,3 @@ def _image_url(source: Any, path: str) -> str:
     if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
         return source["url"]
     raise _bad(path, "an image source must be base64 data or a url")
-
-
-def _tools(tools: list) -> list[dict]:
-    out = []
-    for i, t in enumerate(tools):
-        p = f"tools.{i}"
-        if not isinstance(t, dict):
-            raise _bad(p, "must be an object")
-        if t.get("type") not in (None, "custom"):
-            raise _bad(f"{p}.type", f"the server tool {t['type']!r} is not supported: this proxy serves client "
-                                    "tools only (name, description, input_schema)")
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"{p}.name", "field required")
-        if not isinstance(t.get("input_schema"), dict):
-            raise _bad(f"{p}.input_schema", "field required (a JSON schema object)")
-        fn: dict[str, Any] = {"name": t["name"]}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
-        fn["parameters"] = t["input_schema"]
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice: Any) -> dict:
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
-    if kind == "tool" and isinstance(choice.get("name"), str):
-        mapped = {"type": "function", "function": {"name": choice["name"]}}
-    if mapped is None:
-        raise _bad("tool_choice", "must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")
-    out: dict[str, Any] = {"tool_choice": mapped}
-    if choice.get("disable_parallel_tool_use"):
-        out["parallel_tool_calls"] = False
-    return out

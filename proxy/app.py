@@ -47,6 +47,7 @@ from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.refusals import internal_error, refuse, user_agent
 from harnessrl.proxy.responses_wire import RESPONSES
+from harnessrl.proxy.responses_ws import ResponsesSocket
 from harnessrl.proxy.rollouts import Rollouts, rollout_json
 from harnessrl.proxy.sampling import enforce
 from harnessrl.proxy.status import RolloutStatus
@@ -55,6 +56,7 @@ from harnessrl.proxy.route_tokens import TokenRoute
 from harnessrl.proxy.serving import Adapter, Serving
 from harnessrl.proxy.stored_responses import StoredCalls
 from harnessrl.proxy.surface_routes import add_surface_routes
+from harnessrl.proxy.surface_tools import strict
 from harnessrl.proxy.route_text import TextOnlyRoute
 from harnessrl.proxy.upstream_anthropic import ANTHROPIC_DIALECT
 from harnessrl.proxy.upstream_responses import RESPONSES_DIALECT
@@ -132,6 +134,8 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     """The ASGI app for `cfg`; `backend` is the loaded local backend (backend="local"),
     `adapters` the API surfaces it serves at /v1/{adapter.path}."""
     cfg.check()
+    if cfg.strict_tools:
+        adapters = tuple(strict(a) for a in adapters)
     engine, session_factory = open_db(cfg.db, lock_timeout_s=cfg.db_lock_timeout_s,
                                       statement_timeout_s=cfg.db_statement_timeout_s)
     store = Rollouts(session_factory)
@@ -357,25 +361,34 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         store.weight_version(version, body.path)
         return _json({"version": version})
 
-    return ProxyApp(app, hot, adapters, Guard(app, cfg.api_key, cfg.max_body_bytes))
+    responses = next((a for a in adapters if a.path == "responses"), None)
+    ws = ResponsesSocket(hot, responses, cfg.api_key, stored.fetch,
+                         lambda: state["serving"].route.model_name) if responses is not None else None
+    return ProxyApp(app, hot, adapters, Guard(app, cfg.api_key, cfg.max_body_bytes), ws)
 
 
 class ProxyApp:
     """The ASGI app: POSTs to an adapter's path go straight to the hot-path handler (skipping
-    FastAPI's middleware and routing layers); everything else, lifespan included, to FastAPI."""
+    FastAPI's middleware and routing layers), a WebSocket to /v1/responses to `responses_ws` (which
+    serves each call through the same handler); everything else, lifespan included, to FastAPI."""
 
-    def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...], guard: Guard) -> None:
+    def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...], guard: Guard,
+                 ws: ResponsesSocket | None = None) -> None:
         self.api = api
+        self._ws = ws  # the Responses WebSocket transport (`responses_ws`)
         self._guard = guard  # `api` behind the key and body-size checks
         self._hot = hot
         self._adapters = {a.path: a for a in adapters}
-        self._hot_path = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/v1/(?P<kind>"
+        # Anthropic's `messages` also without /v1: the Vercel AI SDK appends only `/messages` to
+        # ANTHROPIC_BASE_URL, which `harnessrl run` sets without /v1 (as the official SDK wants it)
+        self._hot_path = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?(?P<v1>/v1)?/(?P<kind>"
                                     + "|".join(re.escape(p) for p in self._adapters) + ")/?$")
+        self._bare = {"messages"}  # the adapters served without /v1 too
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             m = self._hot_path.match(scope["path"])
-            if m is not None:
+            if m is not None and (m["v1"] or m["kind"] in self._bare):
                 params = {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"] else {}
                 adapter = self._adapters[m["kind"]]
                 try:
@@ -388,5 +401,11 @@ class ProxyApp:
                         await adapter.error(err)(scope, receive, send)
                     except Exception:  # noqa: BLE001 - the response had already started
                         pass
+                return
+        if scope["type"] == "websocket" and self._ws is not None:
+            m = self._hot_path.match(scope["path"])
+            if m is not None and m["v1"] and m["kind"] == "responses":
+                await self._ws(scope, receive, send, {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"]
+                               else {})
                 return
         await self._guard(scope, receive, send)

@@ -62,6 +62,9 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                                        "with the call id on lines about a call)."),
         strict_rollouts: bool = typer.Option(False, "--strict-rollouts", help="Refuse calls to a rollout id that "
                                              "does not exist (404) instead of creating it on first use."),
+        strict_tools: bool = typer.Option(False, "--strict-tools", help="Refuse (400) a Responses or Messages "
+                                          "request that declares a hosted tool (web_search, code_execution, ...) "
+                                          "instead of removing the tool and recording its removal."),
         prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Memory bound of the prefix index "
                                               "(recent calls per session, for prefix-consistent prompts), MiB."),
         volatile_pattern: list[str] = typer.Option(None, "--volatile-pattern", metavar="REGEX", help="A prompt "
@@ -108,6 +111,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           max_metadata_bytes=int(max_metadata_kb * 1024),
                           upstream_timeout=timeout, served_model_name=served_model_name, seed=seed,
                           log_level=log_level, log_format=log_format, strict_rollouts=strict_rollouts,
+                          strict_tools=strict_tools,
                           prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024),
                           volatile_patterns=tuple(volatile_pattern or ()), db_lock_timeout_s=db_lock_timeout,
                           db_statement_timeout_s=db_statement_timeout, workers=workers)

@@ -40,6 +40,9 @@ class ProxyConfig:
     log_level: str = "warning"
     log_format: str = "text"  # "text" | "json" (one JSON object a line, with the call id)
     strict_rollouts: bool = False  # a call to an unknown rollout id: 404 instead of creating it
+    # a hosted tool (web search, code execution: run inside the provider's API) in a Responses or
+    # Messages request: refused with a 400 instead of removed from what the model sees (`surface_tools`)
+    strict_tools: bool = False
     db_lock_timeout_s: float = 5.0  # PostgreSQL lock_timeout; also how long a call waits on a locked rollout row
     db_statement_timeout_s: float = 30.0  # PostgreSQL statement_timeout
     prefix_cache_bytes: int = 256 * 1024 * 1024  # the prefix index's memory bound

@@ -7,7 +7,11 @@
 `Result` and `Delta`s (never from an upstream's raw OpenAI body).
 
 Ids: the response is `resp_<call id>`; output items are `rs_`/`msg_`/`fc_<call id>_<position>`;
-a function call's `call_id` is the tool-call id of the recorded chat message.
+a function call's `call_id` is the tool-call id of the recorded chat message. A call of a
+namespaced or custom tool comes back as the harness declared it (`responses_tools.call_item`): a
+`function_call` with `namespace`, or a `custom_tool_call` whose input is streamed whole when the
+call is complete (`response.custom_tool_call_input.delta` / `.done`), since the model writes it
+as a JSON string that can only be decoded once closed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import orjson
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.responses_request import LOGPROBS_INCLUDE, RESPONSE_PREFIX, resolve, to_request
+from harnessrl.proxy.responses_tools import call_item
 from harnessrl.proxy.serving import Adapter
 from harnessrl.proxy.surface_blocks import Block, BlockStream, Event, blocks_of
 
@@ -53,6 +58,7 @@ class ResponsesWire:
         self._seq = 0
         self._started = False
         self._blocks = BlockStream()
+        self.names: dict = (req.surface or {}).get("tool_names") or {}
 
     # ---- objects ---------------------------------------------------------------------
     def _head(self, status: str) -> dict:
@@ -75,8 +81,10 @@ class ResponsesWire:
         if b.kind == "text":
             return {"id": item_id, "type": "message", "role": "assistant", "status": status,
                     "content": [self._part(b.text, logprobs)]}
-        return {"id": item_id, "type": "function_call", "call_id": b.call_id, "name": b.name,
-                "arguments": b.text, "status": status}
+        return {"id": item_id, **call_item(self.names, b.name, b.text), "call_id": b.call_id, "status": status}
+
+    def _custom(self, b: Block) -> bool:
+        return (self.names.get(b.name or "") or [None, None, None])[2] == "custom"
 
     @staticmethod
     def _part(text: str, logprobs: list | None = None) -> dict:
@@ -123,15 +131,28 @@ class ResponsesWire:
                 return self._event("response.output_text.delta", **at, content_index=0, delta=e.piece, logprobs=[])
             if b.kind == "reasoning":
                 return self._event("response.reasoning_text.delta", **at, content_index=0, delta=e.piece)
+            if self._custom(b):
+                return b""
             return self._event("response.function_call_arguments.delta", **at, delta=e.piece)
         if b.kind == "text":
             out = self._event("response.output_text.done", **at, content_index=0, text=b.text, logprobs=[])
             out += self._event("response.content_part.done", **at, content_index=0, part=self._part(b.text))
         elif b.kind == "reasoning":
             out = self._event("response.reasoning_text.done", **at, content_index=0, text=b.text)
+        elif self._custom(b):
+            item = self._item(i, b, "completed")
+            out = self._event("response.custom_tool_call_input.delta", **at, delta=item["input"])
+            out += self._event("response.custom_tool_call_input.done", **at, input=item["input"])
         else:
-            out = self._event("response.function_call_arguments.done", **at, name=b.name, arguments=b.text)
+            item = self._item(i, b, "completed")
+            out = self._event("response.function_call_arguments.done", **at, name=item["name"], arguments=b.text)
         return out + self._event("response.output_item.done", output_index=i, item=self._item(i, b, "completed"))
+
+    def warmup(self) -> bytes:
+        """The events of a WebSocket warm-up (`generate: false`): a response without output."""
+        done = self._head("completed")
+        done.update(usage=usage(None), completed_at=int(time.time()))
+        return self._start() + self._event("response.completed", response=done)
 
     def chunks(self, deltas: list[Delta]) -> bytes:
         return self._start() + b"".join(self._render(e) for e in self._blocks.feed(deltas))

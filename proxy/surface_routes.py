@@ -1,6 +1,7 @@
 """The surfaces' endpoints that serve no model call (nothing is recorded):
 `GET /v1/responses/{id}` (a stored Responses object) and `POST /v1/messages/count_tokens` (the
-prompt's size with the route's tokenizer), also under /r/{rollout}/a/{agent}.
+prompt's size with the route's tokenizer), also under /r/{rollout}/a/{agent}; count_tokens also
+without /v1, where clients that append only `/messages` to the base URL send it (the Vercel AI SDK).
 
 count_tokens renders the translated chat prompt exactly as a call would (chat template, tools).
 A pass-through route has no tokenizer — the upstream renders its own prompts — so there it is a
@@ -61,4 +62,5 @@ def add_surface_routes(app: FastAPI, api_key: str | None, route: Callable[[], An
 
     for prefix in ("", "/r/{rollout}/a/{agent}"):
         app.add_route(prefix + "/v1/responses/{response_id}", get_response, methods=["GET"])
-        app.add_route(prefix + "/v1/messages/count_tokens", messages_count_tokens, methods=["POST"])
+        for v1 in ("/v1", ""):
+            app.add_route(prefix + v1 + "/messages/count_tokens", messages_count_tokens, methods=["POST"])

@@ -198,8 +198,9 @@ def test_litellm_responses_path(target):
      "input[0].content[0]"),
     ({"model": "m", "input": [{"type": "web_search_call", "id": "x"}]}, 400, "input[0].type"),
     ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, 400, "input[0].arguments"),
-    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
-    ({"model": "m", "input": "x", "tools": [{"type": "file_search", "vector_store_ids": []}]}, 400, "tools[0].type"),
+    # (hosted tools such as web_search are removed, or refused with --strict-tools: test_surface_cli_requests.py)
+    ({"model": "m", "input": "x", "tools": [{"type": "local_shell"}]}, 400, "tools[0].type"),
+    ({"model": "m", "input": "x", "tools": [{"type": "computer_use_preview"}]}, 400, "tools[0].type"),
     ({"model": "m", "input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
     ({"model": "m", "input": "x", "temperature": "hot"}, 400, "temperature"),
     ({"model": "m", "input": "x", "text": {"format": {"type": "json_schema"}}}, 400, "text.format"),

@@ -1,0 +1,218 @@
+"""The request shapes real harness CLIs send (captured once from Claude Code 2.1.197, Codex 0.171
+and OpenCode's Vercel AI SDK; trimmed copies in tests/cli_requests/), replayed through the
+anthropic and openai SDKs against the proxy on a real socket, in front of the vLLM stand-in with
+prefix-consistent prompts (so the prompt the model saw is in the records, as token ids): each is
+served and recorded by its documented translation, or refused with a 400 naming what is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from harnessrl.client import HarnessRL
+from harnessrl.proxy.server import ProxyConfig, run_proxy
+from harnessrl.records import unpack_ids
+from surface_fixtures import assert_extends, assert_recorded, calls, serve_target
+
+CAPTURED = Path(__file__).parent / "cli_requests"
+
+
+def captured(name: str) -> dict:
+    return json.loads((CAPTURED / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir, upstream, tokenizer_dir, tmp_path_factory):
+    with serve_target("standin", tmp_path_factory.mktemp("cli"), tiny_model_dir, upstream, tokenizer_dir) as t:
+        yield t
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory, upstream, tokenizer_dir):
+    """A proxy run with --strict-tools."""
+    db = str(tmp_path_factory.mktemp("strict") / "s.db")
+    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0, strict_tools=True)) as proxy:
+        yield proxy.url
+
+
+def _prompt(target, row) -> str:
+    return AutoTokenizer.from_pretrained(target.tokenizer).decode(unpack_ids(row.prompt_ids).tolist())
+
+
+def _replay_messages(base_url: str, cap: dict):
+    """The captured Messages call through the SDK's beta path (`POST /v1/messages?beta=true`, as
+    Claude Code sends it), streamed; the events."""
+    b = dict(cap["body"])
+    c = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+    core = {k: b.pop(k) for k in ("model", "max_tokens", "messages")}
+    b.pop("stream")
+    betas = cap["headers"]["anthropic-beta"].split(",")
+    return list(c.beta.messages.create(**core, stream=True, betas=betas, extra_body=b))
+
+
+def test_claude_code_mid_conversation_system_message_is_rendered_in_place(target):
+    cap = captured("claude_code_first_call.json")
+    assert [m["role"] for m in cap["body"]["messages"]] == ["user", "system"]  # what 2.1.x sends
+    with HarnessRL(target.url).rollout() as ro:
+        events = _replay_messages(ro.base_url("cc").removesuffix("/v1"), cap)
+    assert events[0].type == "message_start" and events[-1].type == "message_stop"
+    (row,) = calls(target.db, ro.id)
+    assert_recorded(row)
+    assert [m["role"] for m in row.request["messages"]] == ["system", "user", "system"]
+    assert row.request["messages"][2]["content"] == cap["body"]["messages"][1]["content"]
+    assert "mid-conversation-system" in row.request["harnessrl_surface"]["headers"]["anthropic-beta"]
+    # the template renders a later system message as a system turn where it stands
+    prompt = _prompt(target, row)
+    user_at = prompt.index("<|im_start|>user\n<system-reminder>")
+    system_at = prompt.index("<|im_start|>system\nAvailable agent types")
+    assert user_at < system_at and prompt.endswith("<|im_start|>assistant\n")
+    assert len(row.request["tools"]) == len(cap["body"]["tools"]) == 25
+
+
+def test_claude_code_tool_search_shows_a_deferred_tool_where_it_is_referenced(target):
+    cap = captured("claude_code_tool_search.json")
+    deferred = [t["name"] for t in cap["body"]["tools"] if t.get("defer_loading")]
+    assert deferred == ["CronList"]
+    with HarnessRL(target.url).rollout() as ro:
+        _replay_messages(ro.base_url("cc").removesuffix("/v1"), cap)
+    (row,) = calls(target.db, ro.id)
+    assert_recorded(row)
+    shown = [t["function"]["name"] for t in row.request["tools"]]
+    assert "CronList" not in shown and "ToolSearch" in shown and len(shown) == len(cap["body"]["tools"]) - 1
+    (tool_msg,) = [m for m in row.request["messages"] if m["role"] == "tool"]
+    definition = json.loads(tool_msg["content"])
+    schema = [t for t in cap["body"]["tools"] if t["name"] == "CronList"][0]["input_schema"]
+    assert definition["name"] == "CronList" and definition["parameters"] == schema
+    prompt = _prompt(target, row)
+    # CronList reaches the model only inside the tool result that loaded it
+    assert prompt.count('"name": "CronList"') == 1
+    assert prompt.index("<tools>") < prompt.index("</tools>") < prompt.index('"name": "CronList"')
+
+
+def test_opencode_messages_path_without_v1(target):
+    hrl = HarnessRL(target.url)
+    body = captured("opencode_main_call.json")["body"]
+    assert all(t["eager_input_streaming"] for t in body["tools"])  # a streaming hint: accepted, ignored
+    with hrl.rollout() as ro:
+        base = f"{target.url}/r/{ro.id}/a/opencode"
+        answer = httpx.post(base + "/messages", json=body)
+        counted = httpx.post(base + "/messages/count_tokens", json=body)
+        root = httpx.post(target.url + "/messages", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.text.startswith("event: message_start") and "event: message_stop" in answer.text  # it streams
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    assert root.status_code == 200
+    (row,) = calls(target.db, ro.id)
+    assert row.agent == "opencode" and row.stream and len(row.request["tools"]) == len(body["tools"])
+    # only the Anthropic path is served without /v1
+    assert httpx.post(target.url + "/chat/completions", json={"model": "m", "messages": []}).status_code == 404
+
+
+def test_hosted_tools_are_removed_and_recorded_or_refused_with_strict_tools(target, strict):
+    web = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+    lookup = {"name": "lookup", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}
+    args = dict(model="m", max_tokens=50, messages=[{"role": "user", "content": "hi"}], tools=[lookup, web])
+    with HarnessRL(target.url).rollout() as ro:
+        m = anthropic.Anthropic(base_url=ro.base_url("a").removesuffix("/v1"), api_key="x",
+                                max_retries=0).messages.create(**args)
+        r = openai.OpenAI(base_url=ro.base_url("r"), api_key="x", max_retries=0).responses.create(
+            model="m", input="hi", tools=[{"type": "web_search"}, {"type": "function", "name": "lookup"}])
+    rows = {row.id: row for row in calls(target.db, ro.id)}
+    anth, resp = rows[m.id[4:]], rows[r.id[5:]]
+    assert [t["function"]["name"] for t in anth.request["tools"]] == ["lookup"]
+    assert anth.request["harnessrl_removed_tools"] == [
+        {"path": "tools.1.type", "type": "web_search_20250305", "name": "web_search"}]
+    assert [t["function"]["name"] for t in resp.request["tools"]] == ["lookup"]
+    assert resp.request["harnessrl_removed_tools"] == [{"path": "tools[0].type", "type": "web_search", "name": None}]
+    with pytest.raises(anthropic.BadRequestError, match=r"tools\.1\.type: the hosted tool 'web_search_20250305'"):
+        anthropic.Anthropic(base_url=strict, api_key="x", max_retries=0).messages.create(**args)
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]\.type: the hosted tool 'web_search'"):
+        openai.OpenAI(base_url=strict + "/v1", api_key="x", max_retries=0).responses.create(
+            model="m", input="hi", tools=[{"type": "web_search"}])
+
+
+def _replay_responses(client: openai.OpenAI, body: dict) -> list:
+    b = dict(body)
+    core = {k: b.pop(k) for k in ("model", "input")}
+    b.pop("stream")
+    return list(client.responses.create(**core, stream=True, extra_body=b))
+
+
+def test_codex_namespaces_and_custom_tools_come_back_as_declared(target):
+    cap = captured("codex_additional_tools.json")
+    assert cap["body"]["input"][0]["type"] == "additional_tools" and "tools" not in cap["body"]
+    with HarnessRL(target.url).rollout() as ro:
+        c = openai.OpenAI(base_url=ro.base_url("codex"), api_key="x", max_retries=0)
+        events = _replay_responses(c, cap["body"])
+        done = events[-1].response
+        (call,) = [o for o in done.output if o.type == "custom_tool_call"]
+        # the stand-in calls the first tool it is shown: Codex's `exec`, in the `functions` namespace
+        assert call.name == "exec" and call.model_dump()["namespace"] == "functions"
+        assert [e.type for e in events].count("response.custom_tool_call_input.done") == 1
+        follow = [*cap["body"]["input"], call.model_dump(exclude_none=True),
+                  {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "42"},
+                  {"type": "configuration_update", "reasoning": {"effort": "high"}}]
+        _replay_responses(c, {**cap["body"], "input": follow})
+    first, second = calls(target.db, ro.id)
+    assert_recorded(first)
+    names = [t["function"]["name"] for t in first.request["tools"]]
+    assert names[:2] == ["functions.exec", "functions.wait"] and "collaboration.spawn_agent" in names
+    exec_tool = first.request["tools"][0]["function"]
+    assert exec_tool["parameters"]["required"] == ["input"] and "lark grammar" in exec_tool["description"]
+    assert first.tool_calls[0]["function"]["name"] == "functions.exec"
+    assert len(first.request["harnessrl_context_tools"]) == 3  # the three namespaces
+    tail = second.request["messages"][-2:]
+    assert tail[0]["tool_calls"][0]["function"]["name"] == "functions.exec"
+    assert json.loads(tail[0]["tool_calls"][0]["function"]["arguments"]) == {"input": call.input}
+    assert tail[1] == {"role": "tool", "tool_call_id": call.call_id, "content": "42"}
+
+
+def test_codex_function_tools_extend_and_hosted_ones_are_removed(target):
+    cap = captured("codex_tools.json")
+    with HarnessRL(target.url).rollout() as ro:
+        c = openai.OpenAI(base_url=ro.base_url("codex"), api_key="x", max_retries=0)
+        done = _replay_responses(c, cap["body"])[-1].response
+        (call,) = [o for o in done.output if o.type == "function_call"]
+        assert call.name == "exec_command" and call.model_dump().get("namespace") is None
+        follow = [*cap["body"]["input"], *[o.model_dump(exclude_none=True) for o in done.output],
+                  {"type": "function_call_output", "call_id": call.call_id, "output": "ok"}]
+        _replay_responses(c, {**cap["body"], "input": follow})
+    first, second = calls(target.db, ro.id)
+    assert [t["type"] for t in first.request["harnessrl_removed_tools"]] == ["tool_search", "web_search"]
+    assert first.request["harnessrl_surface"]["tool_names"] == {"apply_patch": [None, "apply_patch", "custom"]}
+    assert_extends(first, second)
+
+
+@pytest.mark.parametrize("path, body, where", [
+    ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "foo": 1},
+     "foo"),
+    ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                      "output_config": {"effort": "low", "colour": "red"}}, "output_config.colour"),
+    ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                      "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools.0.type"),
+    ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t", "name": "ToolSearch", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "tool_reference", "tool_name": "Nope"}]}]}]}, "messages.2.content.0.content.0.tool_name"),
+    ("/v1/responses", {"model": "m", "input": "x", "foo": 1}, "foo"),
+    ("/v1/responses", {"model": "m", "input": "x", "generate": False}, "generate"),
+    ("/v1/responses", {"model": "m", "input": [{"type": "web_search_call", "id": "w"}]}, "input[0].type"),
+    ("/v1/responses", {"model": "m", "input": "x", "tools": [{"type": "local_shell"}]}, "tools[0].type"),
+    ("/v1/responses", {"model": "m", "input": "x", "tools": [
+        {"type": "namespace", "name": "a", "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0].type"),
+    ("/v1/responses", {"model": "m", "input": "x", "tools": [
+        {"type": "custom", "name": "c", "format": {"type": "grammar", "syntax": "peg", "definition": ""}}]},
+     "tools[0].format"),
+])
+def test_what_is_not_served_is_a_400_naming_it(target, path, body, where):
+    resp = httpx.post(target.url + path, json=body)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["message"].startswith(where + ":"), err
