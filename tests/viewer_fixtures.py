@@ -141,6 +141,12 @@ def insert_long_session(db: str, rollout_id: str = "long", turns: int = 100, tok
                             [7], text="Fix failing tests"))
     messages = [{"role": "system", "content": "You are a coding agent. " * 40},
                 {"role": "user", "content": "Fix the failing tests."}]
+
+    def billed(messages: list[dict], t: int) -> list[dict]:
+        """As Claude Code sends them: the system prompt opens with a hash that changes per call."""
+        return [{"role": "system", "content": f"x-anthropic-billing-header: cch={t:05x};\n{messages[0]['content']}"},
+                *messages[1:]]
+
     prompt = [1, 2, 3, 4]
     for t in range(turns):
         completion = [100 + t % 50, 101, 102]
@@ -148,8 +154,8 @@ def insert_long_session(db: str, rollout_id: str = "long", turns: int = 100, tok
         call = {"id": f"tc{t}", "type": "function", "function": {"name": "Bash", "arguments": json.dumps(
             {"command": f"pytest -k case{t}"})}}
         if t == 40:
-            out["error"] = add("claude", list(messages), prompt, [], status="error", error=RATE_LIMITED)
-        cid = add("claude", list(messages), prompt, completion, None if last else [call],
+            out["error"] = add("claude", billed(messages, 999), prompt, [], status="error", error=RATE_LIMITED)
+        cid = add("claude", billed(messages, t), prompt, completion, None if last else [call],
                   "Done: all tests pass." if last else None)
         out["main"].append(cid)
         if t == 10:

@@ -11,9 +11,9 @@ calls) are a plain list. Depth is capped at MAX_DEPTH for drawing.
 
 A call's parent is its parent in the compiler's prefix tree when it has token ids. A call
 without them (refused or failed, a text-only upstream, a stream without ids) extends the
-earlier call of its session whose messages are the longest strict prefix of its own, so errors
-and hosted-model sessions (Claude Code, Codex through an upstream) sit in the chain where they
-happened.
+earlier call of its session whose messages (system prompts aside: `conversation`) are the
+longest strict prefix of its own, so errors and hosted-model sessions (Claude Code, Codex
+through an upstream) sit in the chain where they happened.
 
 The main agent is the one named `main` when there is one, else the agent with the most calls
 (ties: the most prompt + completion tokens, then the earlier first call). Sessions of other
@@ -58,13 +58,20 @@ def _message_parent(messages: list[Any], earlier: list[tuple[Any, list[Any]]]) -
     return None
 
 
+def conversation(messages: list[Any]) -> list[Any]:
+    """The messages a prefix is looked for in: all but system and developer ones, which a
+    harness may rewrite on every call (Claude Code's system prompt starts with a billing header
+    whose `cch=` hash changes per request) without starting another conversation."""
+    return [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
+
+
 def _parents(members: list[Any], forest_parent: dict[str, str | None], forest_cause: dict[str, str | None],
              messages: dict[str, list[Any]]) -> tuple[dict[str, str | None], dict[str, str | None]]:
     parent: dict[str, str | None] = {}
     cause: dict[str, str | None] = {}
     earlier: list[tuple[Any, list[Any]]] = []
     for c in members:
-        mine = messages[c.id]
+        mine = conversation(messages[c.id])
         if c.id in forest_parent:
             parent[c.id], cause[c.id] = forest_parent[c.id], forest_cause[c.id]
         else:
