@@ -117,6 +117,9 @@ def test_best_of_returns_the_most_likely_and_records_the_rest_as_discarded(backe
             client.completions.create(model="tiny", prompt="x", max_tokens=2, best_of=2, stream=True)
     assert err.value.body["param"] == "best_of"
     rows = _calls(db)
+    refused = [r for r in rows if r.status == "error"]  # the refused call: recorded, never sampled
+    assert len(refused) == 1 and refused[0].error.startswith("400") and refused[0].completion_ids is None
+    rows = [r for r in rows if r.status != "error"]
     assert len(rows) == 3 and sorted(r.status for r in rows) == ["discarded", "discarded", "ok"]
     (kept,) = [r for r in rows if r.status == "ok"]
     assert raw.headers["x-harnessrl-call"] == kept.id and len(out.choices) == 1
