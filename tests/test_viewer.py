@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import insert, text
-from viewer_fixtures import CRAFTED, HARNESS, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all, serve
+from viewer_fixtures import (CRAFTED, HARNESS, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all,
+                             serve)
 
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
@@ -58,9 +59,11 @@ def test_list_filters_sorts_and_pages(site, tiny_model_dir):
     assert row["harness"][0].startswith("OpenAI/Python") and len(row["harness"]) == 1
     assert (row["model"], row["surface"], row["errors"]) == ([str(tiny_model)], ["chat"], 0)
     running = next(r for r in everything["rows"] if r["id"] == ids["running"])
-    # its refused call: another harness, the model name as sent, one error the harness saw
-    assert running["errors"] == 1 and running["calls"] == 2 and HARNESS in running["harness"]
-    assert set(running["model"]) == {str(tiny_model), "tiny"} and running["more"] == {"harness": 0, "model": 0, "surface": 0}
+    # its three refused calls: another harness, the model name as sent, three surfaces (the two
+    # most used named: chat twice, then messages before responses by name), three errors
+    assert running["errors"] == 3 and running["calls"] == 4 and running["harness"][0] == HARNESS
+    assert running["harness"][1].startswith("OpenAI/Python") and running["model"] == ["tiny", str(tiny_model)]
+    assert running["surface"] == ["chat", "messages"] and running["more"] == {"harness": 0, "model": 0, "surface": 1}
     assert _ids(client.get("/api/rollouts", params={"errors": "yes"}).json()) == [ids["running"]]
     assert ids["running"] not in _ids(client.get("/api/rollouts", params={"errors": "no"}).json())
     assert _ids(client.get("/api/rollouts", params={"sort": "errors"}).json())[0] == ids["running"]
@@ -76,7 +79,7 @@ def test_list_filters_sorts_and_pages(site, tiny_model_dir):
     assert set(_ids(pages[0]) + _ids(pages[1])) == set(_ids(everything))  # pages partition the list
     html = client.get("/", params={"run": "round-1"}).text
     assert f'data-rollout="{ids["running"]}"' in html and f'data-rollout="{ids["planner"]}"' not in html
-    assert "fixture-harness/1.0 &lt;b&gt;ua&lt;/b&gt;" in html and 'class="num errors has-errors">1<' in html
+    assert "fixture-harness/1.0 &lt;b&gt;ua&lt;/b&gt;" in html and 'class="num errors has-errors">3<' in html
 
 
 def test_bad_queries_are_one_line_errors(site):
@@ -113,7 +116,12 @@ def test_rollout_view_trees_classes_rewards(site):
     assert refused["preview"] == refused["error"] == "400 invalid_request_error: 'max_tokens' must be an integer >= 1"
     assert [(r["call"], r["depth"], r["cause"]) for r in running["sessions"][0]["rows"]] == [
         (ids["q0"], 0, "start"), (ids["refused"], 0, "branch")]  # two one-shot roots: a list
-    assert running["rollout"]["errors"] == 1
+    assert running["rollout"]["errors"] == 3 and running["main_agent"] == "solo"  # 2 calls each; solo's tokens
+    # refused before translation: the surface's own messages / input, shown as they came
+    shown = {c["id"]: [(m["role"], m["content"]) for m in c["messages"]] for c in running["calls"]}
+    assert shown[ids["refused_messages"]] == [("user", f"hi {SCRIPT}")]
+    assert shown[ids["refused_responses"]] == [("user", "hello")]
+    assert "hi &lt;script&gt;" in client.get(f"/rollouts/{ids['running']}").text
     retry = client.get(f"/api/rollouts/{ids['retry']}").json()
     (tree,) = retry["trees"]
     assert tree["nodes"][0]["children"] == [1, 2] and tree["nodes"][1]["branch"] and tree["nodes"][2]["branch"]
@@ -317,7 +325,8 @@ def test_long_sessions_are_flat_with_or_without_token_ids(tmp_path):
         rows = {r["call"]: r for r in claude["rows"]}
         assert {rows[c]["depth"] for c in ids["main"]} == {0} and rows[ids["error"]]["depth"] == 1, name
         assert rows[ids["error"]]["parent"] == rows[ids["main"][40]]["parent"] == ids["main"][39]
-        assert rows[ids["main"][40]]["fork"] and rows[ids["main"][40]]["turn"] == 40 and rows[ids["main"][99]]["turn"] == 99
+        assert rows[ids["main"][40]]["fork"] and rows[ids["main"][40]]["turn"] == 40
+        assert rows[ids["main"][99]]["turn"] == 99
         assert (claude["calls"], claude["errors"], claude["max_depth"]) == (101, 1, 1)
         assert [(r["depth"], r["cause"]) for r in haiku["rows"]] == [(0, "start"), (0, "rewrite")]  # one-shot calls
         assert [r["depth"] for r in explore["rows"]] == [0, 0, 0] and explore["dispatched_by"] == ids["main"][10]

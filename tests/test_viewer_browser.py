@@ -237,7 +237,8 @@ def test_a_100_turn_session_stays_readable(long_site, shots):
         params = f"{first}.querySelector('details.schemas pre.params')"
         assert not tab.eval(f"{params}.checkVisibility()")  # the schemas are folded in the open call
         tab.click(f"{first}.querySelector('details.schemas > summary')")
-        assert tab.eval(f"{params}.checkVisibility() && {params}.getBoundingClientRect().height") > 20 and '"command"' in tab.eval(f"{params}.innerText")
+        assert tab.eval(f"{params}.checkVisibility() && {params}.getBoundingClientRect().height") > 20
+        assert '"command"' in tab.eval(f"{params}.innerText")
 
         second = f"document.getElementById('call-{ids['main'][1]}')"
         result = f"{second}.querySelector('details.tool-result pre')"

@@ -73,6 +73,15 @@ def record_through_proxy(url: str) -> dict[str, str]:
         {"role": "user", "content": "Still going."}], "max_tokens": -1}, headers={"User-Agent": HARNESS})
     assert refused.status_code == 400  # refused before it ran, and recorded as an error call
     ids["refused"] = refused.headers["x-harnessrl-call"]
+    # refused on other surfaces, before translation: recorded with the body as it came
+    for name, path, body in (
+            ("refused_messages", "/messages", {"model": "tiny", "max_tokens": "lots", "messages": [
+                {"role": "user", "content": [{"type": "text", "text": f"hi {SCRIPT}"}]}]}),
+            ("refused_responses", "/responses", {"model": "tiny", "input": [{"role": "user", "content": "hello"}],
+                                                 "max_output_tokens": -3})):
+        refused = httpx.post(running.base_url("cc") + path, json=body, headers={"User-Agent": HARNESS})
+        assert refused.status_code == 400, refused.text
+        ids[name] = refused.headers["x-harnessrl-call"]
     running.reward(0.25)
     hrl.close()
     return ids
@@ -132,7 +141,8 @@ def insert_long_session(db: str, rollout_id: str = "long", turns: int = 100, tok
                          parent_call_id=parent, endpoint="chat", model="claude-sonnet", stream=True,
                          request={"messages": messages, "tools": LONG_TOOLS}, response_text=text if ok else None,
                          tool_calls=tool_calls if ok else None, status=status, error=error,
-                         prompt_ids=pack_ids(prompt) if ids else None, completion_ids=pack_ids(completion) if ids else None,
+                         prompt_ids=pack_ids(prompt) if ids else None,
+                         completion_ids=pack_ids(completion) if ids else None,
                          prompt_path=("prefix" if ids else TEXT_ONLY) if ok else None, prompt_tokens=len(prompt),
                          completion_tokens=len(completion) if ok else None, latency_ms=100.0 + i, created_at=now + i))
         return rows[-1].id

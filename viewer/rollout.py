@@ -71,7 +71,8 @@ def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     items = body.get("input")
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    return [{"role": str(i.get("role") or i.get("type")), "content": i.get("content", i.get("output", i.get("arguments")))}
+    return [{"role": str(i.get("role") or i.get("type")),
+             "content": i.get("content", i.get("output", i.get("arguments")))}
             for i in items or [] if isinstance(i, dict)] if isinstance(items, list) else []
 
 
@@ -180,7 +181,8 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         s["samples"] = next((t["samples"] for t in trees if t["key"] == s["key"]), [])
     return {
         "rollout": {"id": ro.id, "task": ro.task_id, "group": ro.group_id, "run": ro.run, "status": ro.status,
-                    "errors": ro.errors, "started": ro.created_at, "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
+                    "errors": ro.errors, "started": ro.created_at,
+                    "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
                     "meta": ro.meta},
         "outcome": outcome,
         "rewards": [{"call_id": r.call_id, "kind": r.kind, "name": r.name, "value": r.value} for r in rewards],
