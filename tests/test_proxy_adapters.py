@@ -75,13 +75,15 @@ def test_an_added_adapter_is_served_by_both_routes_and_recorded_as_chat(upstream
     events = [orjson.loads(line[5:]) for line in streamed.text.splitlines() if line.startswith("data:")]
     assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == text
     assert events[-1]["type"] == "message_stop"
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"  # refused, not recorded
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"  # refused: a failed call
     engine, Session = open_db(db)
     with Session() as s:
         calls = list(s.scalars(select(Call).order_by(Call.created_at)))
     engine.dispose()
     # the records hold the chat request the model saw, and the same tokens whatever the surface
-    assert [c.endpoint for c in calls] == ["chat"] * 3
+    assert [(c.endpoint, c.surface, c.status) for c in calls] == [
+        ("chat", "chat", "ok"), ("chat", "messages", "ok"), ("chat", "messages", "ok"), ("chat", "messages", "error")]
+    calls = calls[:3]
     assert calls[1].request["messages"][0] == {"role": "system", "content": "Be brief."}
     assert calls[1].response["content"][0]["text"] == text
     ids = unpack_ids(calls[0].completion_ids).tolist()

@@ -222,4 +222,7 @@ def test_push_without_drain_time_mixes_a_call_and_a_short_wait_answers_503(three
         push.join(30)
         late.join(30)
     rows = _calls(db)
-    assert [c.weight_version for c in rows] == ["standin-v1,v2", "v2", "v3"]
+    # the 503s answered while it drained are refused calls, recorded (their number is the SDK's retries)
+    refused_rows = [c for c in rows if c.status == "error"]
+    assert refused_rows and all(c.error.startswith("503 server_error: upstream ") for c in refused_rows)
+    assert [c.weight_version for c in rows if c.status == "ok"] == ["standin-v1,v2", "v2", "v3"]
