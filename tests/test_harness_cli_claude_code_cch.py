@@ -28,7 +28,8 @@ def test_claude_code_with_cch_merges_its_main_loop(upstream, tokenizer_dir, tmp_
         env = {**os.environ, "HOME": str(tmp_path / "home"), "ANTHROPIC_BASE_URL": proxy.url,
                "ANTHROPIC_API_KEY": hc.KEYS["ANTHROPIC_API_KEY"], "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                # what makes Claude Code send cch= (it does for api.anthropic.com), and the rollout
-               "_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "true", "ANTHROPIC_CUSTOM_HEADERS": "x-harnessrl-rollout: cc"}
+               "_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "true",
+               "ANTHROPIC_CUSTOM_HEADERS": "x-harnessrl-rollout: cc"}
         done = subprocess.run([str(hc.program("claude-code")), "-p", hc.TASK, "--allowedTools", "Bash"], env=env,
                               cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -42,7 +42,8 @@ def _claude_code_session(url: str, rollout: str, key: str) -> None:
                             default_headers={"x-harnessrl-rollout": rollout})
     messages: list[dict] = [{"role": "user", "content": [
         {"type": "text", "text": "<system-reminder>\n# currentDate\nToday's date is 2026-12-04.\n</system-reminder>\n"},
-        {"type": "text", "text": "Search for the capital of spain, then answer.", "cache_control": {"type": "ephemeral"}}]}]
+        {"type": "text", "text": "Search for the capital of spain, then answer.",
+         "cache_control": {"type": "ephemeral"}}]}]
     for turn, h in enumerate(HASHES):
         system = [{"type": "text", "text": BILLING.format(key=key, hash=h)},
                   {"type": "text", "text": "You are a Claude agent, built on Anthropic's Claude Agent SDK.",
