@@ -4,7 +4,9 @@ model wrote it (`surface_blocks.join_think`) — and a call's output a tool mess
 call is the name the model was shown (`responses_tools.visible`), a custom tool call a function
 call whose one argument `input` is the item's input.
 
-`additional_tools` items hold tool declarations (`responses_tools`), not messages;
+`additional_tools` items hold tool declarations (`responses_tools`), not messages; a client tool
+search's `tool_search_call` / `tool_search_output` are a call of the function `tool_search` and
+its tool message, the tools it loaded rendered there (`responses_tools.loaded_text`);
 `configuration_update` items change a hosted model's reasoning effort: recorded, not applied, as
 the body's `reasoning` is. Item ids and statuses are not needed to render a prompt and are not
 read. Any other item type (a hosted tool's call, an `item_reference`) is a 400 naming it.
@@ -16,7 +18,7 @@ import json
 from typing import Any
 
 from harnessrl.proxy.errors import ProxyError, bad_request
-from harnessrl.proxy.responses_tools import visible
+from harnessrl.proxy.responses_tools import loaded_text, visible
 from harnessrl.proxy.surface_blocks import join_think
 
 _ROLES = ("user", "system", "developer", "assistant")
@@ -27,8 +29,9 @@ def _bad(message: str, param: str, code: str = "invalid_type") -> ProxyError:
 
 
 def input_messages(items: Any, path: str, context: list | None = None) -> list[dict]:
-    """Chat messages for `input` (a string, or a list of items); the tools of its `additional_tools`
-    items are appended to `context` as [path, tool]."""
+    """Chat messages for `input` (a string, or a list of items); the tools its items declare are
+    appended to `context` as [path, tool, shown]: `additional_tools` shown, `tool_search_output`
+    loaded."""
     context = context if context is not None else []
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
@@ -85,13 +88,31 @@ def input_messages(items: Any, path: str, context: list | None = None) -> list[d
         elif kind == "additional_tools":
             if not isinstance(it.get("tools"), list):
                 raise _bad("must be a list of tools", f"{p}.tools")
-            context += [[f"{p}.tools[{j}]", t] for j, t in enumerate(it["tools"])]
+            context += [[f"{p}.tools[{j}]", t, True] for j, t in enumerate(it["tools"])]
+        elif kind == "tool_search_call":
+            if not isinstance(it.get("call_id"), str):
+                raise _bad("must be a string", f"{p}.call_id")
+            if not isinstance(it.get("arguments"), dict):
+                raise _bad("must be an object", f"{p}.arguments")
+            if turn is None:
+                turn = {"reasoning": None, "text": [], "calls": []}
+            turn["calls"].append({"id": it["call_id"], "type": "function", "function": {
+                "name": "tool_search", "arguments": json.dumps(it["arguments"], ensure_ascii=False)}})
+        elif kind == "tool_search_output":
+            if not isinstance(it.get("call_id"), str):
+                raise _bad("must be a string", f"{p}.call_id")
+            if not isinstance(it.get("tools"), list):
+                raise _bad("must be a list of tools", f"{p}.tools")
+            flush()
+            out.append({"role": "tool", "tool_call_id": it["call_id"], "content": loaded_text(it["tools"],
+                                                                                             f"{p}.tools")})
+            context += [[f"{p}.tools[{j}]", t, False] for j, t in enumerate(it["tools"])]
         elif kind == "configuration_update":
             pass  # a reasoning-effort change, like the body's `reasoning`: recorded, not applied
         else:
             raise _bad(f"items of type {kind!r} are not supported (this proxy serves message, reasoning, "
-                       "function_call, custom_tool_call, their outputs, additional_tools and configuration_update "
-                       "items)", f"{p}.type", "unsupported_item")
+                       "function_call, custom_tool_call, tool_search_call, their outputs, additional_tools and "
+                       "configuration_update items)", f"{p}.type", "unsupported_item")
     flush()
     return out
 

@@ -33,7 +33,9 @@ from harnessrl.proxy.validate import check_chat, is_int, is_num
 
 RESPONSE_PREFIX = "resp_"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-CONTEXT_NOTE = "harnessrl_context_tools"  # the tools of the conversation's additional_tools items
+# the tools the conversation declared: in additional_tools items (shown), by a client tool search (loaded)
+CONTEXT_NOTE = "harnessrl_context_tools"
+LOADED_NOTE = "harnessrl_loaded_tools"
 # set to anything but these, a field asks for a service this proxy does not run
 _UNSUPPORTED = {"background": (None, False), "conversation": (None,), "prompt": (None,), "generate": (None, True)}
 _TRANSLATED = {"model", "input", "instructions", "stream", "store", "tools", "tool_choice", "parallel_tool_calls",
@@ -108,7 +110,7 @@ def to_request(body: dict, strict_tools: bool = False) -> Request:
 
 
 def _set_tools(req: Request, context: list, removed: Removed) -> None:
-    """The call's tools: the body's, then the conversation's (`context`: [path, tool])."""
+    """The call's tools: the body's, then the conversation's (`context`: [path, tool, shown])."""
     body = req.surface["body"]
     tools = tool_map(body.get("tools") or [], context, removed)
     req.body.pop("tools", None)
@@ -117,10 +119,11 @@ def _set_tools(req: Request, context: list, removed: Removed) -> None:
     if body.get("tool_choice") is not None:
         req.body["tool_choice"] = tool_choice(body["tool_choice"])
     req.surface["tool_names"] = tools.names  # how the model's calls map back (`responses_wire`)
-    notes = {k: v for k, v in (req.notes or {}).items() if k not in (REMOVED_NOTE, CONTEXT_NOTE)}
+    notes = {k: v for k, v in (req.notes or {}).items() if k not in (REMOVED_NOTE, CONTEXT_NOTE, LOADED_NOTE)}
     notes.update(removed.notes() or {})
-    if context:
-        notes[CONTEXT_NOTE] = [t for _, t in context]
+    for key, shown in ((CONTEXT_NOTE, True), (LOADED_NOTE, False)):
+        if any(s is shown for _, _, s in context):
+            notes[key] = [t for _, t, s in context if s is shown]
     req.notes = notes or None
 
 
@@ -142,8 +145,13 @@ async def resolve(req: Request, fetch: Callable[[str], Awaitable[dict | None]]) 
         earlier = [new[0], *(earlier[1:] if earlier and earlier[0].get("role") == "system" else earlier)]
         new = new[1:]
     out = Request({**req.body, "messages": earlier + new}, surface=req.surface, notes=req.notes)
-    before = [[f"previous_response_id.tools[{k}]", t] for k, t in enumerate(prev.get("context_tools") or ())]
-    mine = [[f"input.tools[{k}]", t] for k, t in enumerate((req.notes or {}).get(CONTEXT_NOTE) or ())]
+    def declared(tools: dict, at: str) -> list:
+        return [[f"{at}.tools[{k}]", t, shown] for key, shown in (("context_tools", True), ("loaded_tools", False))
+                for k, t in enumerate(tools.get(key) or ())]
+
+    before = declared(prev, "previous_response_id")
+    mine = declared({"context_tools": (req.notes or {}).get(CONTEXT_NOTE),
+                     "loaded_tools": (req.notes or {}).get(LOADED_NOTE)}, "input")
     if before:  # (paths as the tools are recorded: validated, and hosted ones removed, when first sent)
         _set_tools(out, before + mine, Removed())
     check_chat(out.body)

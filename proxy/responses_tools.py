@@ -11,8 +11,15 @@ harness declared. Rules (every tool type is one of these, or a 400 naming it):
 - `namespace` (a group of function and custom tools): flattened, each shown as
   `<namespace>.<name>` (how OpenAI's own models address a namespaced tool), the namespace's
   description leading each tool's; calls come back with `name` and `namespace` apart.
-- hosted tools (`web_search*`, `file_search`, `code_interpreter`, `image_generation`, `mcp`,
-  `tool_search`): removed and recorded, or refused with --strict-tools (`surface_tools`).
+- `tool_search` run by the client (`execution: "client"`, Codex's search over its deferred tools):
+  a function `tool_search` of its `parameters`; the model's call comes back as a
+  `tool_search_call` item (its `arguments` an object). A `tool_search_output` input item is the
+  tool message, holding the loaded tools' definitions as the model is shown tools (one JSON per
+  line, flattened as here); the loaded tools are then callable — mapped back like declared ones —
+  without joining the tools shown up front (recorded as `harnessrl_loaded_tools`).
+- hosted tools (`web_search*`, `file_search`, `code_interpreter`, `image_generation`, `mcp`, a
+  `tool_search` the provider runs): removed and recorded, or refused with --strict-tools
+  (`surface_tools`).
 - tools whose schema is the provider's (`local_shell`, `shell`, `apply_patch`, `computer*`): 400.
 
 Tools come from the body's `tools` and from `additional_tools` input items (Codex declares its
@@ -49,17 +56,23 @@ def visible(namespace: str | None, name: str) -> str:
 @dataclass
 class ToolMap:
     shown: list[dict] = field(default_factory=list)  # chat tools
+    loaded: list[dict] = field(default_factory=list)  # the functions of tools a tool search loaded
     # the tools not shown under their own name or not functions: visible name -> [namespace, name, kind]
     names: dict[str, list] = field(default_factory=dict)
 
-    def add(self, t: Any, path: str, removed: Removed, namespace: str | None = None, lead: str = "") -> None:
+    seen: set = field(default_factory=set)  # every visible name, shown or loaded
+
+    def add(self, t: Any, path: str, removed: Removed, namespace: str | None = None, lead: str = "",
+            shown: bool = True) -> None:
+        """Declare `t`; a tool loaded by a client tool search is callable but not `shown`."""
         if not isinstance(t, dict):
             raise _bad("must be an object", path)
         kind = t.get("type")
         if kind == "namespace" and namespace is None:
-            self._namespace(t, path, removed)
-        elif kind in ("function", "custom"):
-            self._function(t, path, kind, namespace, lead)
+            self._namespace(t, path, removed, shown)
+        elif kind in ("function", "custom") or (kind == "tool_search" and t.get("execution") == "client"
+                                                and namespace is None):
+            self._function(t, path, kind, namespace, lead, shown)
         elif isinstance(kind, str) and kind.startswith(_HOSTED) and namespace is None:
             removed.hosted(f"{path}.type", kind, t.get("name"))
         elif isinstance(kind, str) and kind.startswith(_SCHEMA_LESS):
@@ -69,7 +82,7 @@ class ToolMap:
             raise _bad(f"tool type {kind!r} is not supported here (function, custom, namespace and hosted tools "
                        "are)", f"{path}.type", "unsupported_tool")
 
-    def _namespace(self, t: dict, path: str, removed: Removed) -> None:
+    def _namespace(self, t: dict, path: str, removed: Removed, shown: bool) -> None:
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise _bad("must be a non-empty string", f"{path}.name")
         if not isinstance(t.get("tools"), list):
@@ -78,14 +91,17 @@ class ToolMap:
         if not isinstance(lead, str):
             raise _bad("must be a string", f"{path}.description")
         for j, inner in enumerate(t["tools"]):
-            self.add(inner, f"{path}.tools[{j}]", removed, t["name"], lead)
+            self.add(inner, f"{path}.tools[{j}]", removed, t["name"], lead, shown)
 
-    def _function(self, t: dict, path: str, kind: str, namespace: str | None, lead: str) -> None:
+    def _function(self, t: dict, path: str, kind: str, namespace: str | None, lead: str, shown: bool) -> None:
+        if kind == "tool_search":
+            t = {**t, "name": "tool_search"}
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise _bad("must be a non-empty string", f"{path}.name")
         name = visible(namespace, t["name"])
-        if any(s["function"]["name"] == name for s in self.shown):
+        if name in self.seen:
             raise _bad(f"the tool {name!r} is declared twice", f"{path}.name")
+        self.seen.add(name)
         desc = t.get("description")
         if desc is not None and not isinstance(desc, str):
             raise _bad("must be a string", f"{path}.description")
@@ -102,8 +118,11 @@ class ToolMap:
             fn["strict"] = t["strict"]
         if desc:
             fn["description"] = desc
-        self.shown.append({"type": "function", "function": fn})
-        if namespace or kind == "custom":
+        if shown:
+            self.shown.append({"type": "function", "function": fn})
+        else:
+            self.loaded.append(fn)
+        if namespace or kind != "function":
             self.names[name] = [namespace, t["name"], kind]
 
 
@@ -118,13 +137,23 @@ def _grammar(fmt: Any, path: str) -> str:
 
 
 def tool_map(top: list, context: list, removed: Removed) -> ToolMap:
-    """The tools of a call: the body's (`top`) then the conversation's (`context`: [path, tool])."""
+    """The tools of a call: the body's (`top`) then the conversation's (`context`: [path, tool,
+    shown], shown False for the tools a tool search loaded)."""
     m = ToolMap()
     for i, t in enumerate(top):
         m.add(t, f"tools[{i}]", removed)
-    for path, t in context:
-        m.add(t, path, removed)
+    for path, t, shown in context:
+        m.add(t, path, removed, shown=shown)
     return m
+
+
+def loaded_text(tools: list, path: str) -> str:
+    """A `tool_search_output`'s tools as the model reads them: each function's definition, one
+    JSON a line, flattened as shown tools are (a hosted tool among them is a 400)."""
+    m = ToolMap()
+    for j, t in enumerate(tools):
+        m.add(t, f"{path}[{j}]", Removed(strict=True))
+    return "\n".join(orjson.dumps(s["function"]).decode() for s in m.shown)
 
 
 def call_item(names: dict[str, list], name: str | None, arguments: str) -> dict:
@@ -134,6 +163,8 @@ def call_item(names: dict[str, list], name: str | None, arguments: str) -> dict:
     out: dict[str, Any] = {"type": "function_call", "name": own, "arguments": arguments}
     if kind == "custom":
         out = {"type": "custom_tool_call", "name": own, "input": custom_input(arguments)}
+    elif kind == "tool_search":
+        out = {"type": "tool_search_call", "execution": "client", "arguments": _object(arguments)}
     if namespace:
         out["namespace"] = namespace
     return out
@@ -147,6 +178,15 @@ def custom_input(arguments: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return value["input"]
     return arguments  # the model did not call it with one string: kept whole, not dropped
+
+
+def _object(arguments: str) -> dict:
+    try:
+        value = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        value = None
+    # the model's arguments were not a JSON object: kept whole rather than dropped
+    return value if isinstance(value, dict) else {"arguments": arguments}
 
 
 def tool_choice(choice: Any) -> Any:

@@ -8,10 +8,11 @@
 
 Ids: the response is `resp_<call id>`; output items are `rs_`/`msg_`/`fc_<call id>_<position>`;
 a function call's `call_id` is the tool-call id of the recorded chat message. A call of a
-namespaced or custom tool comes back as the harness declared it (`responses_tools.call_item`): a
-`function_call` with `namespace`, or a `custom_tool_call` whose input is streamed whole when the
-call is complete (`response.custom_tool_call_input.delta` / `.done`), since the model writes it
-as a JSON string that can only be decoded once closed.
+namespaced, custom or tool-search tool comes back as the harness declared it
+(`responses_tools.call_item`): a `function_call` with `namespace`, a `custom_tool_call` whose
+input is streamed whole when the call is complete (`response.custom_tool_call_input.delta` /
+`.done`), since the model writes it as a JSON string that can only be decoded once closed, or a
+`tool_search_call` (its arguments an object, in `response.output_item.done` alone).
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ class ResponsesWire:
                     "content": [self._part(b.text, logprobs)]}
         return {"id": item_id, **call_item(self.names, b.name, b.text), "call_id": b.call_id, "status": status}
 
-    def _custom(self, b: Block) -> bool:
-        return (self.names.get(b.name or "") or [None, None, None])[2] == "custom"
+    def _kind(self, b: Block) -> str:
+        return (self.names.get(b.name or "") or [None, None, "function"])[2]
 
     @staticmethod
     def _part(text: str, logprobs: list | None = None) -> dict:
@@ -131,7 +132,7 @@ class ResponsesWire:
                 return self._event("response.output_text.delta", **at, content_index=0, delta=e.piece, logprobs=[])
             if b.kind == "reasoning":
                 return self._event("response.reasoning_text.delta", **at, content_index=0, delta=e.piece)
-            if self._custom(b):
+            if self._kind(b) != "function":  # streamed whole once complete (see the module's doc)
                 return b""
             return self._event("response.function_call_arguments.delta", **at, delta=e.piece)
         if b.kind == "text":
@@ -139,10 +140,12 @@ class ResponsesWire:
             out += self._event("response.content_part.done", **at, content_index=0, part=self._part(b.text))
         elif b.kind == "reasoning":
             out = self._event("response.reasoning_text.done", **at, content_index=0, text=b.text)
-        elif self._custom(b):
+        elif self._kind(b) == "custom":
             item = self._item(i, b, "completed")
             out = self._event("response.custom_tool_call_input.delta", **at, delta=item["input"])
             out += self._event("response.custom_tool_call_input.done", **at, input=item["input"])
+        elif self._kind(b) == "tool_search":  # its arguments are an object: in the item alone
+            out = b""
         else:
             item = self._item(i, b, "completed")
             out = self._event("response.function_call_arguments.done", **at, name=item["name"], arguments=b.text)

@@ -34,7 +34,7 @@ from harnessrl.proxy.callrows import new_call_id
 from harnessrl.proxy.errors import ProxyError, bad_request, error_body
 from harnessrl.proxy.identity import check_auth, identify
 from harnessrl.proxy.protocol import Request
-from harnessrl.proxy.responses_request import resolve
+from harnessrl.proxy.responses_request import CONTEXT_NOTE, LOADED_NOTE, resolve
 from harnessrl.proxy.responses_wire import ResponsesWire
 from harnessrl.proxy.serving import Adapter
 
@@ -130,7 +130,8 @@ class ResponsesSocket:
             await send({"type": "websocket.send", "text": frame})
         conn.last_id = call_id
         conn.warmup = {"api": "responses", "store": True, "ok": True, "messages": req.body["messages"],
-                       "reply": None, "context_tools": (req.notes or {}).get("harnessrl_context_tools")}
+                       "reply": None, "context_tools": (req.notes or {}).get(CONTEXT_NOTE),
+                       "loaded_tools": (req.notes or {}).get(LOADED_NOTE)}
 
 
 class _Relay:

@@ -23,7 +23,8 @@ log = logging.getLogger("harnessrl.proxy")
 
 
 def load(session_factory: sessionmaker[Session], call_id: str) -> dict | None:
-    """A recorded call as {api, store, ok, messages, reply, response, context_tools}, or None."""
+    """A recorded call as {api, store, ok, messages, reply, response, context_tools, loaded_tools},
+    or None."""
     with session_factory() as s:
         row = s.execute(select(Call.request, Call.response, Call.response_text, Call.tool_calls, Call.status)
                         .where(Call.id == call_id)).first()
@@ -35,7 +36,8 @@ def load(session_factory: sessionmaker[Session], call_id: str) -> dict | None:
         reply["tool_calls"] = row.tool_calls
     return {"api": surface.get("api"), "store": (surface.get("body") or {}).get("store") is not False,
             "ok": row.status == "ok", "messages": row.request.get("messages") or [], "reply": reply,
-            "response": row.response, "context_tools": row.request.get("harnessrl_context_tools")}
+            "response": row.response, "context_tools": row.request.get("harnessrl_context_tools"),
+            "loaded_tools": row.request.get("harnessrl_loaded_tools")}
 
 
 class StoredCalls:

@@ -184,9 +184,36 @@ def test_codex_function_tools_extend_and_hosted_ones_are_removed(target):
                   {"type": "function_call_output", "call_id": call.call_id, "output": "ok"}]
         _replay_responses(c, {**cap["body"], "input": follow})
     first, second = calls(target.db, ro.id)
-    assert [t["type"] for t in first.request["harnessrl_removed_tools"]] == ["tool_search", "web_search"]
-    assert first.request["harnessrl_surface"]["tool_names"] == {"apply_patch": [None, "apply_patch", "custom"]}
+    assert [t["type"] for t in first.request["harnessrl_removed_tools"]] == ["web_search"]
+    assert first.request["harnessrl_surface"]["tool_names"] == {"apply_patch": [None, "apply_patch", "custom"],
+                                                                "tool_search": [None, "tool_search", "tool_search"]}
     assert_extends(first, second)
+
+
+def test_codex_client_tool_search_loads_tools_into_the_conversation(target):
+    cap = captured("codex_tools.json")["body"]
+    search = [t for t in cap["tools"] if t["type"] == "tool_search"]
+    assert search[0]["execution"] == "client"
+    loaded = captured("codex_tool_search_output.json")["item"]
+    body = {**cap, "tools": search}  # the stand-in calls the first tool it is shown
+    with HarnessRL(target.url).rollout() as ro:
+        c = openai.OpenAI(base_url=ro.base_url("codex"), api_key="x", max_retries=0)
+        done = _replay_responses(c, body)[-1].response
+        (call,) = [o.model_dump(exclude_none=True) for o in done.output if o.type == "tool_search_call"]
+        assert call["execution"] == "client" and isinstance(call["arguments"], dict)
+        follow = [*cap["input"], *[o.model_dump(exclude_none=True) for o in done.output],
+                  {**loaded, "call_id": call["call_id"]}]
+        _replay_responses(c, {**body, "input": follow})
+    first, second = calls(target.db, ro.id)
+    assert_extends(first, second)
+    # the loaded tools reach the model in the tool message, not among the tools shown up front
+    assert [t["function"]["name"] for t in second.request["tools"]] == ["tool_search"]
+    shown = [json.loads(line) for line in second.request["messages"][-1]["content"].splitlines()]
+    assert [f["name"] for f in shown][:1] == ["multi_agent_v1.spawn_agent"]
+    assert shown[0]["description"].startswith(loaded["tools"][0]["description"])
+    assert second.request["harnessrl_loaded_tools"] == loaded["tools"]
+    names = second.request["harnessrl_surface"]["tool_names"]
+    assert names["multi_agent_v1.spawn_agent"] == ["multi_agent_v1", "spawn_agent", "function"]
 
 
 @pytest.mark.parametrize("path, body, where", [

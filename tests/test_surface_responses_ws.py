@@ -72,7 +72,7 @@ def test_codex_turn_over_the_socket_is_served_and_recorded_like_a_post(target):
     warm_text = warm["input"][0]["content"][0]["text"]
     assert one.request["messages"][0] == {"role": "developer", "content": warm_text}
     assert one.request["messages"][1]["content"] == "".join(p["text"] for p in turn["input"][0]["content"])
-    assert [t["type"] for t in one.request["harnessrl_removed_tools"]] == ["tool_search", "web_search"]
+    assert [t["type"] for t in one.request["harnessrl_removed_tools"]] == ["web_search"]
     assert_extends(one, two)
     assert two.request["messages"][-1] == {"role": "tool", "tool_call_id": call["call_id"],
                                            "content": output["output"]}
