@@ -8,6 +8,8 @@ a real socket, on the local tiny model, recorded in SQLite, then compiled."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 
 import anthropic
 import pytest
@@ -139,3 +141,25 @@ def test_the_volatile_check_costs_nothing_when_a_call_extends_exactly():
     assert (found, held) == (turn, [0]) and vol.masked > 0
     # without the rule (no prefix mode) it extends nothing
     assert index.match(key, changed, None) == (None, [])
+
+
+def test_the_cli_refuses_a_bad_pattern_before_serving(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harnessrl", "proxy", "--db", str(tmp_path / "r.db"),
+                           "--backend", "local", "--model", str(tmp_path), "--volatile-pattern", "cch=[0-9a-f]+;",
+                           "--volatile-pattern", "("], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--volatile-pattern '(' is not a regular expression" in done.stderr
+
+
+def test_the_built_in_date_lines_differ_only_inside_their_spans():
+    vol = Volatile()
+    before = ("x-anthropic-billing-header: cc_version=2.1.197.c40; cc_entrypoint=sdk-cli; cch=5ae77;\n"
+              "Today's date is 2026-12-04.\n  Today's date: Fri Dec 04 2026\n<current_date>2026-12-04</current_date>")
+    after = before.replace("5ae77", "f2a00").replace("12-04", "12-05").replace("Fri Dec 04", "Sat Dec 05")
+    assert before != after and vol.mask(before) == vol.mask(after) and vol.fingerprint(before) == vol.fingerprint(after)
+    assert vol.held(before, after) == [["cch=5ae77;", "cch=f2a00;"],
+                                       ["Today's date is 2026-12-04", "Today's date is 2026-12-05"],
+                                       ["Today's date: Fri Dec 04 2026", "Today's date: Sat Dec 05 2026"],
+                                       ["<current_date>2026-12-04</current_date>",
+                                        "<current_date>2026-12-05</current_date>"]]
+    # a change outside the spans is a change
+    assert vol.mask(before) != vol.mask(before.replace("sdk-cli", "cli"))
