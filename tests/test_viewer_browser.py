@@ -228,6 +228,7 @@ def test_a_100_turn_session_stays_readable(long_site, shots):
                          "[...d.querySelectorAll('details.call')].filter(c => c.checkVisibility()).length, "
                          "d.getBoundingClientRect().height < 40])")
         assert sides == [[False, 2, 0, True], [False, 3, 0, True]]  # haiku's two calls, the explore sub-agent: folded
+        tab.eval(f"{refused}.scrollIntoView({{block: 'center'}})")
         tab.screenshot(shots / "viewer-long-session.png")
 
         first = f"document.getElementById('call-{ids['main'][0]}')"

@@ -118,8 +118,10 @@ def _rows(members: list[Any], parent: dict[str, str | None], cause: dict[str, st
         cid, depth = stack.pop()
         p = parent[cid]
         depth_of[cid] = depth
+        # right below its parent, which has no other continuation: the plain chain (drawn quieter)
+        chain = bool(rows) and rows[-1]["call"] == p and len(children[p]) == 1
         rows.append({"call": cid, "depth": depth, "draw": min(depth, MAX_DEPTH), "parent": p, "cause": cause[cid],
-                     "turn": turn[cid], "fork": len(children[p]) > 1, "side": depth > depth_of[p],
+                     "turn": turn[cid], "fork": len(children[p]) > 1, "side": depth > depth_of[p], "chain": chain,
                      "below": size[cid] - 1})
         stack.extend(reversed(ordered(children[cid], depth)) if cid in children else ())
     return rows
@@ -127,7 +129,7 @@ def _rows(members: list[Any], parent: dict[str, str | None], cause: dict[str, st
 
 def sessions(calls: list[Any], forest: list[SessionTree], messages: dict[str, list[Any]]) -> dict[str, Any]:
     """{main_agent, sessions: [{key, anchor, agent, session_id, main, open, dispatched_by, calls,
-    errors, tokens, max_depth, rows: [{call, depth, draw, parent, cause, turn, fork, side, below}]}],
+    errors, tokens, max_depth, rows: [{call, depth, draw, parent, cause, turn, fork, side, chain, below}]}],
     dispatches: {call id: [{anchor, key, calls}]}}; `calls` in seq order, `messages`: each
     call's request messages."""
     main = main_agent(calls)
