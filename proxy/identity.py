@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hmac
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from harnessrl.messages import content_text
@@ -128,13 +129,19 @@ def unnamed_agent(ident: Identity, body: dict[str, Any], volatile: Volatile) -> 
     volatile spans masked — so it is deterministic, the same for every call of one agent's
     session whatever the harness stamps into it, and different for agents whose instructions
     differ. Valid as an explicit agent id too, so a name seen in the records can be passed back."""
-    model = body.get("model")
-    name = _NOT_ID.sub("-", model)[:100].strip("-") if isinstance(model, str) else ""
     system = []
     for m in body.get("messages") or ():
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer"):
             break
         system.append(content_text(m.get("content")))
-    if system:
-        name = (name or "model") + "@" + volatile.fingerprint("\n".join(system))
-    return replace(ident, agent=name or "model")
+    model = body.get("model")
+    name = _name(model if isinstance(model, str) else "", "\n".join(system) if system else None, volatile)
+    return Identity(ident.rollout, name, ident.session, ident.parent_call)  # (dataclasses.replace: 3x slower)
+
+
+@lru_cache(maxsize=256)
+def _name(model: str, system: str | None, volatile: Volatile) -> str:
+    # cached: a harness sends the same system prompt call after call (masking and hashing it is
+    # ~10 µs of the hot path); one that stamps a new value each time only misses
+    name = _NOT_ID.sub("-", model)[:100].strip("-") or "model"
+    return name if system is None else name + "@" + volatile.fingerprint(system)
