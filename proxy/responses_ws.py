@@ -37,6 +37,7 @@ from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.responses_request import CONTEXT_NOTE, LOADED_NOTE, resolve
 from harnessrl.proxy.responses_wire import ResponsesWire
 from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.validate import parse_json
 
 SURFACE = "responses-ws"
 log = logging.getLogger("harnessrl.proxy")
@@ -62,6 +63,8 @@ class _Connection:
         return {**got, "store": True} if got is not None else None
 
     async def resolve(self, req: Request, _fetch: Fetch) -> Request:
+        # (`Adapter.resolve`'s signature: the records' fetch it is handed is `self.fetch`, which
+        # `local` falls back to)
         return await resolve(req, self.local)
 
 
@@ -98,13 +101,17 @@ class ResponsesSocket:
                 await self._turn(conn, scope, send, path_params, text)
             except (OSError, ClientDisconnect):  # gone mid-answer: the call is recorded cancelled
                 return
+            except Exception as exc:  # noqa: BLE001 - never a traceback to the harness, nor a dead socket
+                log.error("internal error on the Responses WebSocket %s", scope["path"], exc_info=exc)
+                await _error_event(send, ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the "
+                                                         "proxy's log", "server_error"))
 
     async def _turn(self, conn: _Connection, scope, send, path_params: dict, text: str) -> None:
         try:
-            event = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            return await _error_event(send, bad_request(f"message is not valid JSON: {exc}", code="invalid_json"))
-        if not isinstance(event, dict) or event.get("type") != "response.create":
+            event = parse_json(text.encode())  # (an object, nested no deeper than a body may be)
+        except ProxyError as err:
+            return await _error_event(send, err)
+        if event.get("type") != "response.create":
             return await _error_event(send, bad_request("type: the only client event served is 'response.create'",
                                                         param="type", code="unsupported_event"))
         body = {k: v for k, v in event.items() if k not in ("type", "generate")}

@@ -84,6 +84,9 @@ def test_errors_are_events_and_the_connection_stays_open(target):
         ws.send("{nope")
         (bad,) = _events(ws)
         assert bad["status"] == 400 and bad["error"]["code"] == "invalid_json"
+        ws.send('{"a":' * 300 + "1" + "}" * 300)  # deeper than a body may be: still a 400, not a dead socket
+        (deep,) = _events(ws)
+        assert deep["status"] == 400 and "nested" in deep["error"]["message"]
         ws.send(json.dumps({"type": "response.cancel"}))
         (other,) = _events(ws)
         assert other["status"] == 400 and other["error"]["param"] == "type"
