@@ -247,4 +247,10 @@ def test_a_100_turn_session_stays_readable(long_site, shots):
         assert not tab.eval(f"{result}.checkVisibility()")
         tab.click(f"{second}.querySelector('details.tool-result > summary')")
         assert tab.eval(f"{result}.checkVisibility()") and "case0: 1 passed" in tab.eval(f"{result}.innerText")
+
+        # live refresh swaps the page for a fresh copy, keeping what was opened (and closed)
+        tab.eval("window.before = document.getElementById('content'); document.getElementById('live').click()")
+        tab.wait_for("document.getElementById('content') !== window.before")
+        assert tab.eval(f"{first}.open && {second}.open && {params}.checkVisibility() && {result}.checkVisibility()")
+        assert tab.eval(f"{MAIN_ROWS}.filter(d => d.open).length") == 2
         tab.screenshot(shots / "viewer-long-session-open.png")

@@ -69,6 +69,8 @@ def _parents(members: list[Any], forest_parent: dict[str, str | None], forest_ca
              messages: dict[str, list[Any]]) -> tuple[dict[str, str | None], dict[str, str | None]]:
     parent: dict[str, str | None] = {}
     cause: dict[str, str | None] = {}
+    if all(c.id in forest_parent for c in members):  # every call in the token tree: no messages to compare
+        return {c.id: forest_parent[c.id] for c in members}, {c.id: forest_cause[c.id] for c in members}
     earlier: list[tuple[Any, list[Any]]] = []
     for c in members:
         mine = conversation(messages[c.id])

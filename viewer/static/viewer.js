@@ -29,6 +29,24 @@ function tokenInfo(event) {
 var LIVE_KEY = "harnessrl-live";
 var timer = null;
 
+// A <details> by its id, else by the nearest id above it and its position there: the same key
+// in the page and in a fresh copy of it.
+function detailsKey(d) {
+  if (d.id) return d.id;
+  var owner = d.parentElement.closest("[id]");
+  return owner.id + "/" + Array.prototype.indexOf.call(owner.querySelectorAll("details"), d);
+}
+
+// What the reader opened or closed survives a refresh (a long session's calls start folded).
+function keepOpenState(old, fresh) {
+  var state = {};
+  old.querySelectorAll("details").forEach(function (d) { state[detailsKey(d)] = d.open; });
+  fresh.querySelectorAll("details").forEach(function (d) {
+    var key = detailsKey(d);
+    if (Object.prototype.hasOwnProperty.call(state, key)) d.open = state[key];
+  });
+}
+
 function refresh() {
   fetch(window.location.href, { headers: { "Accept": "text/html" }, cache: "no-store" })
     .then(function (r) { return r.ok ? r.text() : null; })
@@ -37,7 +55,10 @@ function refresh() {
       var doc = new DOMParser().parseFromString(html, "text/html");
       var fresh = doc.getElementById("content");
       var old = document.getElementById("content");
-      if (fresh && old) old.replaceWith(document.adoptNode(fresh));
+      if (fresh && old) {
+        keepOpenState(old, fresh);
+        old.replaceWith(document.adoptNode(fresh));
+      }
     })
     .catch(function () { /* the server is restarting: try again next tick */ });
 }
