@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
