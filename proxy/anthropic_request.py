@@ -109,7 +109,7 @@ def translate(body: dict, removed: Removed | None = None) -> dict:
     if declared.shown:
         chat["tools"] = declared.shown
     if body.get("tool_choice") is not None:
-        chat.update(tool_choice(body["tool_choice"]))
+        chat.update(tool_choice(body["tool_choice"], declared.shown))
     config = body.get("output_config")
     if config is not None and not isinstance(config, dict):
         raise _bad("output_config", "must be an object")

@@ -86,10 +86,13 @@ def tool_reference(block: dict, path: str, known: dict[str, dict]) -> str:
     return json.dumps(known[name], ensure_ascii=False)
 
 
-def tool_choice(choice: Any) -> dict:
+def tool_choice(choice: Any, shown: list[dict]) -> dict:
     kind = choice.get("type") if isinstance(choice, dict) else None
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind or "")
     if kind == "tool" and isinstance(choice.get("name"), str):
+        if all(t["function"]["name"] != choice["name"] for t in shown):
+            raise _bad("tool_choice.name", f"{choice['name']!r} is not among the tools the model is shown (a hosted "
+                                           "tool is removed, a deferred one shown only where referenced)")
         mapped = {"type": "function", "function": {"name": choice["name"]}}
     if mapped is None:
         raise _bad("tool_choice", "must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")

@@ -117,7 +117,9 @@ def _set_tools(req: Request, context: list, removed: Removed) -> None:
     if tools.shown:
         req.body["tools"] = tools.shown
     if body.get("tool_choice") is not None:
-        req.body["tool_choice"] = tool_choice(body["tool_choice"])
+        # with previous_response_id the earlier call's tools join in `resolve`, which checks the name
+        chosen = None if body.get("previous_response_id") is not None else tools.shown
+        req.body["tool_choice"] = tool_choice(body["tool_choice"], chosen)
     req.surface["tool_names"] = tools.names  # how the model's calls map back (`responses_wire`)
     notes = {k: v for k, v in (req.notes or {}).items() if k not in (REMOVED_NOTE, CONTEXT_NOTE, LOADED_NOTE)}
     notes.update(removed.notes() or {})
@@ -154,6 +156,8 @@ async def resolve(req: Request, fetch: Callable[[str], Awaitable[dict | None]]) 
                      "loaded_tools": (req.notes or {}).get(LOADED_NOTE)}, "input")
     if before:  # (paths as the tools are recorded: validated, and hosted ones removed, when first sent)
         _set_tools(out, before + mine, Removed())
+    if req.surface["body"].get("tool_choice") is not None:
+        tool_choice(req.surface["body"]["tool_choice"], out.body.get("tools") or [])
     check_chat(out.body)
     return out
 

@@ -189,13 +189,16 @@ def _object(arguments: str) -> dict:
     return value if isinstance(value, dict) else {"arguments": arguments}
 
 
-def tool_choice(choice: Any) -> Any:
+def tool_choice(choice: Any, shown: list[dict] | None) -> Any:
+    """The chat tool_choice; a named tool must be `shown` (None: not known yet, see `resolve`)."""
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"),
                                                                                                str):
         ns = choice.get("namespace")
-        return {"type": "function", "function": {"name": visible(ns if isinstance(ns, str) else None,
-                                                                 choice["name"])}}
+        name = visible(ns if isinstance(ns, str) else None, choice["name"])
+        if shown is not None and all(t["function"]["name"] != name for t in shown):
+            raise _bad(f"{name!r} is not among the tools the model is shown", "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
     raise _bad("must be 'auto', 'none', 'required' or {'type': 'function' | 'custom', 'name': ...} (hosted tools "
                "are not served here)", "tool_choice")

@@ -228,6 +228,11 @@ def test_codex_client_tool_search_loads_tools_into_the_conversation(target):
             {"type": "tool_use", "id": "t", "name": "ToolSearch", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
             {"type": "tool_reference", "tool_name": "Nope"}]}]}]}, "messages.2.content.0.content.0.tool_name"),
+    ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                      "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+                      "tool_choice": {"type": "tool", "name": "web_search"}}, "tool_choice.name"),
+    ("/v1/responses", {"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}],
+                       "tool_choice": {"type": "function", "name": "g"}}, "tool_choice.name"),
     ("/v1/responses", {"model": "m", "input": "x", "foo": 1}, "foo"),
     ("/v1/responses", {"model": "m", "input": "x", "generate": False}, "generate"),
     ("/v1/responses", {"model": "m", "input": [{"type": "web_search_call", "id": "w"}]}, "input[0].type"),
