@@ -51,7 +51,8 @@ def test_refused_calls_are_recorded_counted_and_logged(upstream, db_target, capl
         chat = openai.OpenAI(base_url=f"{proxy.url}/r/ro1/a/main/v1", api_key="unused")
         chat.chat.completions.create(model="m", messages=MSG, max_tokens=4)
         with pytest.raises(openai.BadRequestError) as bad_chat:
-            chat.chat.completions.create(model="m", messages=[{"role": "robot", "content": "x"}])
+            # a model name longer than its column: kept cut, not a 500 from the database
+            chat.chat.completions.create(model="m" * 300, messages=[{"role": "robot", "content": "x"}])
         with pytest.raises(openai.BadRequestError):  # resolved against the records: an unknown response
             chat.responses.create(model="m", input="x", previous_response_id="resp_" + "0" * 32)
         # a rollout the proxy never saw, named only by its key: created by the refused call itself
@@ -67,6 +68,7 @@ def test_refused_calls_are_recorded_counted_and_logged(upstream, db_target, capl
     assert refused_chat.id == bad_chat.value.response.headers["x-harnessrl-call"]
     assert refused_chat.error.startswith("400 invalid_request_error: ") and "messages[0].role" in refused_chat.error
     assert refused_chat.request["messages"] == [{"role": "robot", "content": "x"}]
+    assert refused_chat.model == "m" * 256 and len(refused_chat.request["model"]) == 300
     assert refused_resp.error.startswith("400 ") and "resp_" + "0" * 32 in refused_resp.error
     assert refused_msg.error.startswith("400 invalid_request_error: ") and "role" in refused_msg.error
     # the Anthropic body, untranslated (it could not be), under the surface key
