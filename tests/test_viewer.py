@@ -64,6 +64,8 @@ def test_list_filters_sorts_and_pages(site, tiny_model_dir):
     assert running["errors"] == 3 and running["calls"] == 4 and running["harness"][0] == HARNESS
     assert running["harness"][1].startswith("OpenAI/Python") and running["model"] == ["tiny", str(tiny_model)]
     assert running["surface"] == ["chat", "messages"] and running["more"] == {"harness": 0, "model": 0, "surface": 1}
+    crafted = next(r for r in everything["rows"] if r["id"] == "crafted")
+    assert crafted["surface"] == ["chat"] and crafted["harness"] == []  # no surface recorded: its endpoint
     assert _ids(client.get("/api/rollouts", params={"errors": "yes"}).json()) == [ids["running"]]
     assert ids["running"] not in _ids(client.get("/api/rollouts", params={"errors": "no"}).json())
     assert _ids(client.get("/api/rollouts", params={"sort": "errors"}).json())[0] == ids["running"]

@@ -176,8 +176,9 @@ def _add_aggregates(conn, rows: list[dict[str, Any]]) -> None:
 def _add_kinds(conn, by_id: dict[str, dict[str, Any]]) -> None:
     """Per row the harnesses (User-Agent), models and API surfaces of its calls, the most used
     first: SHOWN of each named, the rest counted in `more`."""
-    kinds = (select(Call.rollout_id, Call.client, Call.model, Call.surface, func.count())
-             .where(Call.rollout_id.in_(list(by_id))).group_by(Call.rollout_id, Call.client, Call.model, Call.surface))
+    surface = func.coalesce(Call.surface, Call.endpoint)  # calls recorded before the column: their endpoint
+    kinds = (select(Call.rollout_id, Call.client, Call.model, surface, func.count())
+             .where(Call.rollout_id.in_(list(by_id))).group_by(Call.rollout_id, Call.client, Call.model, surface))
     counts: dict[str, dict[str, dict[str, int]]] = {}
     for rid, client, model, surface, n in conn.execute(kinds):
         per = counts.setdefault(rid, {"harness": {}, "model": {}, "surface": {}})
