@@ -11,7 +11,9 @@ with a 400 naming it — none is dropped unseen:
   block's `signature` is not checked);
 - a user turn's `tool_result` blocks tool messages (an `is_error` result's text starts with
   "Error: ", the one way chat can say so; a `tool_reference` in a result is the referenced tool's
-  definition, `anthropic_tools`), its text and image blocks the user message;
+  definition, `anthropic_tools`; an image in a result, which a chat tool message cannot hold,
+  opens the user message that follows the turn's tool messages), its text and image blocks the
+  user message;
 - tools, `tool_choice`: `anthropic_tools` (client tools, deferred tools, hosted tools);
 - `stop_sequences` → `stop`; `output_config.format` (a JSON schema) → `response_format`; `top_k`
   is passed on (vLLM honours it);
@@ -136,12 +138,16 @@ def _blocks(content: Any, path: str) -> list[dict]:
     return content
 
 
-def _text(content: Any, path: str, known: dict[str, dict] | None = None) -> str:
-    """Text blocks joined (system prompts; tool results, where `known` tools may be referenced)."""
+def _text(content: Any, path: str, known: dict[str, dict] | None = None, images: list | None = None) -> str:
+    """Text blocks joined (system prompts; tool results, where `known` tools may be referenced and
+    images are moved to `images`)."""
     out = []
     for j, b in enumerate(_blocks(content, path)):
         if b["type"] == "tool_reference" and known is not None:
             out.append(tool_reference(b, f"{path}.{j}", known))
+        elif b["type"] == "image" and images is not None:
+            url = _image_url(b.get("source"), f"{path}.{j}.source")
+            images.append({"type": "image_url", "image_url": {"url": url}})
         elif b["type"] != "text" or not isinstance(b.get("text"), str):
             raise _bad(f"{path}.{j}.type", f"only text blocks are supported here, got {b['type']!r}")
         else:
@@ -178,6 +184,7 @@ def _assistant(content: Any, path: str) -> list[dict]:
 def _user(content: Any, path: str, known: dict[str, dict]) -> list[dict]:
     out: list[dict] = []
     parts: list[dict] = []
+    media: list[dict] = []  # tool results' images: a chat tool message holds text only
 
     def flush() -> None:
         if parts:
@@ -191,7 +198,7 @@ def _user(content: Any, path: str, known: dict[str, dict]) -> list[dict]:
             if not isinstance(b.get("tool_use_id"), str):
                 raise _bad(f"{p}.tool_use_id", "field required")
             flush()
-            text = _text(b.get("content") or "", f"{p}.content", known)
+            text = _text(b.get("content") or "", f"{p}.content", known, media)
             out.append({"role": "tool", "tool_call_id": b["tool_use_id"],
                         "content": "Error: " + text if b.get("is_error") else text})
         elif b["type"] == "text" and isinstance(b.get("text"), str):
@@ -201,6 +208,7 @@ def _user(content: Any, path: str, known: dict[str, dict]) -> list[dict]:
         else:
             raise _bad(f"{p}.type", f"{b['type']!r} blocks are not supported in user messages here "
                                     "(text, image and tool_result are)")
+    parts[:0] = media  # after the tool messages, before the turn's own parts
     flush()
     return out
 

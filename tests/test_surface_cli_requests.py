@@ -137,6 +137,32 @@ def test_hosted_tools_are_removed_and_recorded_or_refused_with_strict_tools(targ
             model="m", input="hi", tools=[{"type": "web_search"}])
 
 
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+
+
+def test_an_image_in_a_tool_result_follows_the_tool_messages(target, tiny_model_dir, upstream, tokenizer_dir,
+                                                             tmp_path):
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL}}
+    messages = [{"role": "user", "content": "Read the picture."},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                                   "input": {"file_path": "a.png"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                              "content": [{"type": "text", "text": "a.png:"}, image]},
+                                             {"type": "text", "text": "What is in it?"}]}]
+    read = {"name": "Read", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}
+    args = dict(model="m", max_tokens=30, messages=messages, tools=[read])
+    # a pass-through upstream (a vision model, say) gets it; the proxy's text-only model refuses it by name
+    with serve_target("passthrough", tmp_path, tiny_model_dir, upstream, tokenizer_dir) as t:
+        m = anthropic.Anthropic(base_url=t.url, api_key="x", max_retries=0).messages.create(**args)
+        (row,) = [r for r in calls(t.db) if r.id == m.id[4:]]
+    assert row.request["messages"][2:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "a.png:"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + PIXEL}},
+                                     {"type": "text", "text": "What is in it?"}]}]
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[3\]\.content\[0\] is an 'image_url' part"):
+        anthropic.Anthropic(base_url=target.url, api_key="x", max_retries=0).messages.create(**args)
+
+
 def _replay_responses(client: openai.OpenAI, body: dict) -> list:
     b = dict(body)
     core = {k: b.pop(k) for k in ("model", "input")}
