@@ -240,6 +240,9 @@ def test_a_100_turn_session_stays_readable(long_site, shots):
         tab.click(f"{first}.querySelector('details.schemas > summary')")
         assert tab.eval(f"{params}.checkVisibility() && {params}.getBoundingClientRect().height") > 20
         assert '"command"' in tab.eval(f"{params}.innerText")
+        # a schema's description with markup (the Read tool's) is text: no image element, no handler ran
+        assert ONERROR in tab.eval(f"{first}.querySelector('details.schemas').innerText")
+        assert tab.eval("document.querySelectorAll('img').length === 0 && !document.body.hasAttribute('data-pwned')")
 
         second = f"document.getElementById('call-{ids['main'][1]}')"
         result = f"{second}.querySelector('details.tool-result pre')"

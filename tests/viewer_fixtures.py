@@ -114,7 +114,7 @@ LONG_TOOLS = [
     {"type": "function", "function": {"name": "Bash", "description": "Run a shell command in the workspace.",
                                       "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
                                                      "required": ["command"]}}},
-    {"type": "function", "function": {"name": "Read", "description": "Read a file of the workspace.",
+    {"type": "function", "function": {"name": "Read", "description": f"Read a file of the workspace. {ONERROR}",
                                       "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
                                                      "required": ["path"]}}}]
 RATE_LIMITED = "429 rate_limit_error: upstream says slow down"
