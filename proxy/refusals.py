@@ -17,6 +17,7 @@ its outcome already fixed, so nothing more is written into it.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -32,6 +33,7 @@ from harnessrl.proxy.serving import Adapter, Serving
 # embeddings body); another surface's body is kept under "harnessrl_surface", untranslated
 _RECORDS_SHAPED = frozenset(("chat", "completions", "embeddings"))
 _MODEL_CHARS = 256  # `calls.model`: a refused body's model may be any length
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no database takes U+0000 as text alike: such a name is not kept
 log = logging.getLogger("harnessrl.proxy")
 
 
@@ -48,7 +50,7 @@ async def refuse(serving: Serving, adapter: Adapter, err: ProxyError, ident: Ide
                      session_id=ident.session if ident else None, agent=ident.agent if ident else None,
                      parent_call_id=ident.parent_call if ident else None, endpoint=adapter.endpoint,
                      surface=adapter.surface, client=client,
-                     model=model[:_MODEL_CHARS] if isinstance(model, str) else None,
+                     model=model[:_MODEL_CHARS] if isinstance(model, str) and not _CONTROL.search(model) else None,
                      stream=body.get("stream") is True, created_at=time.time(),
                      request=body if adapter.surface in _RECORDS_SHAPED or not body else
                      {"harnessrl_surface": {"api": adapter.surface, "body": body}})

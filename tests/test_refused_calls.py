@@ -58,7 +58,7 @@ def test_refused_calls_are_recorded_counted_and_logged(upstream, db_target, capl
         # a rollout the proxy never saw, named only by its key: created by the refused call itself
         messages = anthropic.Anthropic(base_url=proxy.url, api_key="hrl-ro2-coder")
         with pytest.raises(anthropic.BadRequestError) as bad_msg:
-            messages.messages.create(model="m", max_tokens=5, messages=[{"role": "robot", "content": "x"}])
+            messages.messages.create(model="m\x00", max_tokens=5, messages=[{"role": "robot", "content": "x"}])
         metrics = _metrics(proxy.url)
     calls, rollouts = _db(db_target)
     assert [(c.rollout_id, c.agent, c.status, c.surface, c.endpoint) for c in calls] == [
@@ -74,6 +74,7 @@ def test_refused_calls_are_recorded_counted_and_logged(upstream, db_target, capl
     # the Anthropic body, untranslated (it could not be), under the surface key
     assert refused_msg.request["harnessrl_surface"]["body"]["messages"] == [{"role": "robot", "content": "x"}]
     assert bad_msg.value.response.headers["x-harnessrl-call"] == refused_msg.id
+    assert refused_msg.model is None  # a NUL in the name: PostgreSQL text cannot hold it
     assert all(c.response is None and c.prompt_ids is None for c in calls[1:])
     assert ok.client.startswith("OpenAI/Python") and refused_msg.client.startswith("Anthropic/Python")
     assert (rollouts["ro1"].errors, rollouts["ro2"].errors, rollouts["ro2"].status) == (2, 1, "running")
