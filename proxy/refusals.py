@@ -1,7 +1,7 @@
 """Model calls the proxy turns away before they reach `Serving.handle`, recorded like any failed call.
 
 Once the API key is checked and the rollout is known to be running, a refusal — a body that
-fails validation (400), one over the size limit (413), an unknown `previous_response_id` (404),
+fails validation (400), one over the size limit (413), an unknown `previous_response_id` (400),
 a sampling-policy refusal, no upstream to take it (503), a bug (500) — is written as a call row
 with status `error` and the reason (`Serving._fail`: committed before the harness is answered,
 counted in the rollout's `errors`, in `/metrics` and in the log). Without it a rollout whose
@@ -33,7 +33,7 @@ from harnessrl.proxy.serving import Adapter, Serving
 # embeddings body); another surface's body is kept under "harnessrl_surface", untranslated
 _RECORDS_SHAPED = frozenset(("chat", "completions", "embeddings"))
 _MODEL_CHARS = 256  # `calls.model`: a refused body's model may be any length
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no database takes U+0000 as text alike: such a name is not kept
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # PostgreSQL text cannot hold U+0000: such a name is not kept
 log = logging.getLogger("harnessrl.proxy")
 
 
@@ -55,7 +55,7 @@ async def refuse(serving: Serving, adapter: Adapter, err: ProxyError, ident: Ide
                      request=body if adapter.surface in _RECORDS_SHAPED or not body else
                      {"harnessrl_surface": {"api": adapter.surface, "body": body}})
     headers = None
-    if ident is None or not admitted:
+    if not admitted:
         rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}; not recorded"
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
         serving._done(rec, None, False, err.code)
