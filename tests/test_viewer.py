@@ -156,6 +156,7 @@ def test_samples_advantages_come_from_the_compile_output(site):
     adv = {r["id"]: r["advantages"] for r in group["rows"]}
     assert np.allclose(adv[ids["planner"]], 0.7071, atol=1e-3) and np.allclose(adv[ids["retry"]], -0.7071, atol=1e-3)
     assert group["reward_mean"] == 0.5 and group["reward_std"] == pytest.approx(0.7071, abs=1e-4)
+    assert 'class="status error">3 errors<' in client.get("/groups/g2").text  # the running rollout's refusals
 
 
 def test_pages_send_a_strict_csp_and_escape(site):
