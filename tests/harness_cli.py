@@ -2,11 +2,13 @@
 scripts/install_harnesses.sh put them (harnesses.lock), how each is run in its default
 configuration, and what a run must leave behind.
 
-Each harness runs twice, in a network namespace with only loopback up
+Each harness runs three times, in a network namespace with only loopback up
 (tests/harness_cli_session.py), against the proxy in prefix mode in front of the scripted vLLM
-stand-in (tests/scripted_agent.py): pointed at the proxy by its own base-URL setting, and under
-`harnessrl run` (with interception). Its task asks for SHELL_COMMAND; the scripted model calls the
-harness's shell tool and then answers quoting the output.
+stand-in (tests/scripted_agent.py): `base-url`, pointed at the proxy by its own setting; `run`,
+under `harnessrl run` (interception on, base-URL variables set); `intercept`, under `harnessrl
+run` with every base-URL setting removed, so its calls reach the proxy only through mitmdump.
+Its task asks for SHELL_COMMAND; the scripted model calls the harness's shell tool, then answers
+quoting the output.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 LOCK = ROOT / "harnesses.lock"
 UNAVAILABLE = ROOT / ".harnesses" / "unavailable"
-MODES = ("base-url", "run")
+MODES = ("base-url", "run", "intercept")
 MODEL = "hrl-scripted"  # what the litellm-based harnesses ask for (openai/<name>); the stand-in serves any name
 TASK = "Run the shell command printf 'hrl-%s\\n' tool-ran and tell me what it printed."
 # What a harness could leak: these fake keys are in every harness's environment, and must
@@ -219,7 +221,7 @@ def check_merged(session: dict, mode: str) -> None:
 
 
 def check_compiled(session: dict) -> None:
-    """`harnessrl compile` makes samples of both runs' rollouts."""
+    """`harnessrl compile` makes samples of every run's rollout."""
     import pyarrow.parquet as pq
 
     compiled = session["compile"]
@@ -234,7 +236,8 @@ def check_no_keys(session: dict) -> None:
     """The harness's API keys reached neither the records DB nor any log (the harness's own HOME
     and work directory are its business)."""
     out = session["out"]
-    files = [p for p in out.rglob("*") if p.is_file() and not p.relative_to(out).parts[0].startswith(("home-", "work-"))]
+    files = [p for p in out.rglob("*")
+             if p.is_file() and not p.relative_to(out).parts[0].startswith(("home-", "work-"))]
     assert any(p.name == "runs.db" for p in files)
     texts = [p.read_bytes() for p in files]
     texts += [(r["stdout"] + r["stderr"]).encode() for r in session["results"].values()]

@@ -1,7 +1,9 @@
 """One harness of the compatibility suite (tests/harness_cli.py), run inside a network namespace
 with only loopback up: the scripted vLLM stand-in, the proxy in prefix mode in front of it, then
 the harness pointed at the proxy by its own base-URL setting, then under `harnessrl run` (with
-interception). Writes OUT/results.json: per mode the exit code, output, rollout id and seconds.
+interception; base-URL variables set), then under `harnessrl run` with no base-URL setting (its
+calls go to the vendor's host, where mitmdump catches them). Writes OUT/results.json: per mode
+the exit code, output, rollout id and seconds.
 
     python harness_cli_session.py OUT HARNESS TOKENIZER
 """
@@ -25,6 +27,7 @@ from harnessrl.client import HarnessRL
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
 TIMEOUT = 150  # one harness run; each takes seconds when it works
+UNPOINTED = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "CODEX_HOME")
 
 
 def _free_port() -> int:
@@ -115,8 +118,12 @@ def main(out: Path, name: str, tokenizer: str) -> None:
                 result["rollout"] = ro.id
             else:
                 env = _env(out, mode, {**spec.env, "HARNESSRL_HOME": str(out / "hrl-home")})
+                # intercept: the harness unpointed (as if it ignored every base-URL setting), so its
+                # calls reach the proxy only through mitmdump, to the vendor's host it defaults to
+                unpointed = ["env", *(f"-u{v}" for v in UNPOINTED)] if mode == "intercept" else []
                 result = _run(HARNESSRL + ["run", "--proxy", url, "--task", f"t-{name}", "--group", f"g-{name}",
-                                           "--run", mode, "--reward-from", "exit-code", "--", *argv], env, work)
+                                           "--run", mode, "--reward-from", "exit-code", "--", *unpointed, *argv],
+                              env, work)
                 found = re.search(r"harnessrl run: rollout (\S+)", result["stderr"])
                 result["rollout"] = found.group(1) if found else None
             result["files"] = {f: (work / f).read_text() for f in spec.files}

@@ -117,7 +117,7 @@ def answer(prompt: str, response_format: dict | None = None) -> str:
     """The reply text (hermes tool calls in it) to a rendered prompt."""
     turns, tools = _turns(prompt), _tools(prompt)
     if response_format and response_format.get("type") in ("json_schema", "json_object"):
-        schema = (response_format.get("json_schema") or {}).get("schema") or {"properties": {"title": {"type": "string"}}}
+        schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
         return json.dumps(_from_schema(schema))
     # what came after the model's last turn (a harness may add a user note after the tool results)
     since = len(turns) - next((i for i, (role, _) in enumerate(reversed(turns)) if role == "assistant"), len(turns))

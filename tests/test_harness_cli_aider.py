@@ -1,6 +1,7 @@
 """aider (PyPI aider-chat, harnesses.lock; own venv) in its default configuration (whole-file edit
 format for an unknown model, git auto-commits): `aider --message … hello.py` by OPENAI_API_BASE
-and under `harnessrl run` (tests/harness_cli.py). It has no tools: its result is the edited file."""
+and under `harnessrl run`, with and without it (tests/harness_cli.py). It has no tools: its
+result is the edited file."""
 
 import subprocess
 
@@ -30,7 +31,7 @@ def test_every_call_is_recorded_ok_with_token_ids(session, mode):
     hc.check_calls(session, mode, min_calls=1, tool=False)
 
 
-def test_compile_yields_samples_of_both_runs(session):
+def test_compile_yields_samples_of_every_run(session):
     hc.check_compiled(session)
 
 

@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK (PyPI openai-agents, harnesses.lock) in its default configuration: a
 triage agent handing off to a shell agent with a function tool, on the Responses API
-(tests/harness_clients/agents_triage.py), by OPENAI_BASE_URL and under `harnessrl run`."""
+(tests/harness_clients/agents_triage.py), by OPENAI_BASE_URL and under `harnessrl run`, with
+and without it (tests/harness_cli.py)."""
 
 import harness_cli as hc
 import pytest
@@ -29,7 +30,7 @@ def test_the_turn_after_the_tool_extends_the_turn_before(session, mode):
     hc.check_merged(session, mode)
 
 
-def test_compile_yields_samples_of_both_runs(session):
+def test_compile_yields_samples_of_every_run(session):
     hc.check_compiled(session)
 
 

@@ -1,5 +1,6 @@
 """OpenCode (npm opencode-ai, harnesses.lock) in its default configuration: `opencode run TASK`
-(its Anthropic provider) by ANTHROPIC_BASE_URL and under `harnessrl run` (tests/harness_cli.py)."""
+(its Anthropic provider) by ANTHROPIC_BASE_URL and under `harnessrl run`, with and without it
+(tests/harness_cli.py)."""
 
 import harness_cli as hc
 import pytest
@@ -28,7 +29,7 @@ def test_the_turn_after_the_tool_extends_the_turn_before(session, mode):
     hc.check_merged(session, mode)
 
 
-def test_compile_yields_samples_of_both_runs(session):
+def test_compile_yields_samples_of_every_run(session):
     hc.check_compiled(session)
 
 

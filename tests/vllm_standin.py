@@ -389,7 +389,8 @@ def main() -> None:
     ap.add_argument("--api-key", default=None, help="require this bearer key, like vLLM's --api-key")
     ap.add_argument("--scripted", action="store_true", help="answer like an agent (tests/scripted_agent.py)")
     args = ap.parse_args()
-    uvicorn.run(create_app(args.tokenizer, args.api_key, args.scripted), host=args.host, port=args.port, loop="uvloop", http="httptools",
+    uvicorn.run(create_app(args.tokenizer, args.api_key, args.scripted), host=args.host, port=args.port,
+                loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, backlog=4096)
 
 

@@ -167,7 +167,8 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
         return _score(ro, cmd, opts, env, stdout)
 
 
-def _score(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str], stdout: IO | None) -> tuple[int, float | None, str | None]:
+def _score(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
+           stdout: IO | None) -> tuple[int, float | None, str | None]:
     reward_file = None
     if opts.reward_from not in (None, *REWARD_SOURCES):
         reward_file = Path(opts.reward_from).resolve()
