@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import os
 import re
 import time
@@ -21,7 +20,6 @@ from typing import Any
 import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, field_validator
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,6 +28,7 @@ from starlette.responses import Response
 from harnessrl.db import open_db
 from harnessrl.sampling_policy import load_policy
 from harnessrl.proxy.anthropic_wire import MESSAGES
+from harnessrl.proxy.api_bodies import CreateRollout, RewardIn, WeightsIn
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.callrows import new_call_id
 from harnessrl.proxy.config import ProxyConfig
@@ -72,33 +71,6 @@ log = logging.getLogger("harnessrl.proxy")
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status, media_type="application/json")
-
-
-class CreateRollout(BaseModel):
-    id: str | None = None  # client-chosen (the id charset and length of identities); 409 if taken
-    task_id: str | None = None
-    group_id: str | None = None
-    run: str | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class RewardIn(BaseModel):
-    value: float
-    name: str | None = None
-    metadata: dict[str, Any] | None = None
-
-    @field_validator("value")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("reward value must be finite")
-        return v
-
-
-class WeightsIn(BaseModel):
-    path: str
-    version: str | None = None
-    lora: bool = False  # several upstreams: load the checkpoint as a LoRA adapter named `version`
 
 
 # the API surfaces served on the hot path

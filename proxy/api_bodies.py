@@ -1,0 +1,37 @@
+"""The JSON bodies of the rollout and weights API (`/harnessrl/...`), as pydantic models: FastAPI
+checks them and answers a malformed one with an OpenAI-shaped 400 (`app._invalid`). The model
+endpoints check their bodies by hand instead (`validate.py`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, field_validator
+
+
+class CreateRollout(BaseModel):
+    id: str | None = None  # client-chosen (the id charset and length of identities); 409 if taken
+    task_id: str | None = None
+    group_id: str | None = None
+    run: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RewardIn(BaseModel):
+    value: float
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward value must be finite")
+        return v
+
+
+class WeightsIn(BaseModel):
+    path: str
+    version: str | None = None
+    lora: bool = False  # several upstreams: load the checkpoint as a LoRA adapter named `version`
