@@ -13,7 +13,6 @@ quoting the output.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
@@ -112,8 +111,6 @@ def installed_version(name: str) -> str | None:
     python = ROOT / pin.where / "bin" / "python"
     if not python.is_file():
         return None
-    if Path(sys.prefix).resolve() == (ROOT / pin.where).resolve():
-        return importlib.metadata.version(pin.package)
     got = subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version({pin.package!r}))"],
                          capture_output=True, text=True)
     return got.stdout.strip() or None

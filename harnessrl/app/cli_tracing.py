@@ -75,8 +75,8 @@ def register(app: typer.Typer) -> None:
                                             help="openai-chat | openai-responses | anthropic."),
         teacher_model: str = typer.Option(None, "--teacher-model", help="Model name to ask the teacher for."),
     ) -> None:
-        """Run CMD as one rollout: base-URL variables and (default) interception set, outcome
-        reported, rollout finished; exits with CMD's exit code."""
+        """Run CMD as one rollout: base-URL variables (and a Codex provider, CODEX_HOME) and
+        (default) interception set, outcome reported, rollout finished; exits with CMD's exit code."""
         from harnessrl.app.intercept import InterceptConfig, read_hosts
         from harnessrl.app.run_cmd import RunOptions, run_command
 
