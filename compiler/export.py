@@ -65,7 +65,7 @@ class CompileOptions:
     run: str | None = None
     tokenizer: str | None = None  # directory; default: the recorded model, when it is a local directory
     matcher: str = "hungarian"
-    central_agent: str | None = None  # default: the agent of each rollout's first call
+    central_agent: str | None = None  # default: `reader.default_central`
     missing_outcome: str = "skip"  # a rollout without an outcome: skip (left out) | zero (R = 0)
     on_call_error: str = "drop"  # a rollout with a refused or failed call: drop (left out) | keep
     mask_truncated: bool = False  # a path whose last call was cut by max_tokens: that turn gets mask 0

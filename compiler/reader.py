@@ -9,6 +9,7 @@ The request JSON is read only for calls that need it (re-rendering, edges, proce
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -82,7 +83,7 @@ class Reader:
                  class_config: ClassConfig | None = None):
         self.engine = engine
         self.tokenizer_path = tokenizer  # directory; default: the recorded model, when it is one
-        self.central_agent = central_agent  # default: the agent of each rollout's first call
+        self.central_agent = central_agent  # default: `default_central`
         self.class_config = class_config or ClassConfig()
         self._tokenizer: Any = None
         self._tt: TokenText | None = None
@@ -210,8 +211,7 @@ class Reader:
                 works[r.rollout_id].stats["retokenized"] += 1
         placed: list[tuple[RolloutWork, SessionTree, int]] = []
         for rid, w in works.items():
-            first = min(calls[rid], key=lambda c: c.seq, default=None)
-            w.central = self.central_agent or (first.agent if first else None)
+            w.central = self.central_agent or default_central(calls[rid])
             w.trees = build_forest(calls[rid], w.central)
             placed.extend((w, tree, i) for tree in w.trees for i in range(len(tree.nodes)))
         if placed:
@@ -277,6 +277,26 @@ def group_batches(rollouts: list[Selected], size: int):
             batch = []
     if batch:
         yield batch
+
+
+# an agent the proxy named after the call's model and system prompt (proxy/identity.py:
+# `unnamed_agent`), because the harness gave no identity
+_DERIVED_AGENT = re.compile(r"@[0-9a-f]{4}$")
+
+
+def default_central(calls: list[CallTokens]) -> str | None:
+    """The central agent when none is given (`CompileOptions.central_agent`): the agent of the rollout's first
+    call. When the proxy named that agent (the harness gave none), its first call is often a side
+    call (Claude Code's title call is sent beside, and often before, the main loop's first call),
+    so the central agent is then the proxy-named agent that made the most calls, ties going to the
+    one that called first."""
+    if not calls:
+        return None
+    order = sorted(calls, key=lambda c: c.seq)
+    if not _DERIVED_AGENT.search(order[0].agent or ""):
+        return order[0].agent
+    counts = Counter(c.agent for c in order if _DERIVED_AGENT.search(c.agent or ""))
+    return max(counts, key=lambda a: counts[a])  # max keeps the first of equals: dicts keep call order
 
 
 def _call_tokens(r: Any, prompt: np.ndarray, completion: np.ndarray, logprobs: np.ndarray | None,

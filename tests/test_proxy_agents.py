@@ -132,3 +132,24 @@ def test_agents_sdk_triage_and_worker_differ_by_instructions(backend, tiny_model
     by_agent = [r.agent for r in rows]
     assert by_agent[0] == f"tiny@{_fp(triage.instructions)}" and by_agent[-1] == f"tiny@{_fp(worker.instructions)}"
     assert set(by_agent) == {by_agent[0], by_agent[-1]}
+
+
+def test_compile_trains_the_main_loop_when_the_title_call_came_first(backend, tiny_model_dir, tmp_path):
+    """Claude Code's title call is the rollout's first call; with the agents named by the proxy,
+    compile's default central agent is the main loop (the most calls), not the title side call."""
+    import pyarrow.parquet as pq
+
+    from harnessrl.compiler.export import CompileOptions, Compiler
+
+    db = str(tmp_path / "r.db")
+    with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0), backend=backend) as proxy:
+        ids = _claude_code(proxy.url, "cc")
+    rows = {r.id: r for r in calls(db, "cc")}
+    assert min(rows.values(), key=lambda r: r.seq).id == ids["title"][0]  # the title call came first
+    main_agent = rows[ids["main"][0]].agent
+    out = tmp_path / "out"
+    Compiler(db, CompileOptions(out=out, rollouts=("cc",), tokenizer=str(tiny_model_dir),
+                                missing_outcome="zero")).run()
+    samples = pq.read_table(out / "samples.parquet").to_pydict()
+    trained = {a for a, mask in zip(samples["agent"], samples["loss_mask"]) if any(mask)}
+    assert trained == {main_agent}
