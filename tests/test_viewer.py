@@ -13,8 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import insert, text
-from viewer_fixtures import (CRAFTED, HARNESS, RATE_LIMITED, SCRIPT, compile_samples, insert_long_session, record_all,
-                             serve)
+from viewer_fixtures import CRAFTED, HARNESS, SCRIPT, compile_samples, record_all, serve
 
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
@@ -305,64 +304,3 @@ def test_ui_command_errors_are_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harnessrl", "ui", "--db", str(tmp_path / "none.db")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip() == f"error: records DB not found: {tmp_path / 'none.db'}"
-
-
-def test_long_sessions_are_flat_with_or_without_token_ids(tmp_path):
-    """A 100-turn CLI session laid out the same whether its parents come from the compiler's
-    token trees or (text-only upstream) from message prefixes: the chain flat at depth 0, the
-    refused attempt of turn 40 forking off turn 39 one level in, the side agents not main, the
-    tool schemas sent once, each call adding only its tool result."""
-    db = str(tmp_path / "runs.db")
-    made = {"long": insert_long_session(db, "long"), "text": insert_long_session(db, "text", token_ids=False)}
-    viewer = create_viewer(db)
-    with serve(viewer) as url:
-        views = {r: httpx.get(f"{url}/api/rollouts/{r}").json() for r in made}
-        page = httpx.get(f"{url}/rollouts/long").text
-    viewer.state.engine.dispose()
-    assert len(views["long"]["trees"]) == 3 and views["text"]["trees"] == []  # only one has token ids
-    for name, v in views.items():
-        ids = made[name]
-        haiku, claude, explore = v["sessions"]
-        assert v["main_agent"] == "claude" and [s["main"] for s in v["sessions"]] == [False, True, False], name
-        assert [r["call"] for r in claude["rows"]] == ids["main"][:40] + [ids["error"]] + ids["main"][40:]
-        rows = {r["call"]: r for r in claude["rows"]}
-        assert {rows[c]["depth"] for c in ids["main"]} == {0} and rows[ids["error"]]["depth"] == 1, name
-        assert rows[ids["error"]]["parent"] == rows[ids["main"][40]]["parent"] == ids["main"][39]
-        assert rows[ids["main"][40]]["fork"] and rows[ids["main"][40]]["turn"] == 40
-        assert rows[ids["main"][99]]["turn"] == 99
-        assert (claude["calls"], claude["errors"], claude["max_depth"]) == (101, 1, 1)
-        assert [(r["depth"], r["cause"]) for r in haiku["rows"]] == [(0, "start"), (0, "rewrite")]  # one-shot calls
-        assert [r["depth"] for r in explore["rows"]] == [0, 0, 0] and explore["dispatched_by"] == ids["main"][10]
-        assert v["dispatches"] == {ids["main"][10]: [{"anchor": explore["anchor"], "key": "session:sub1", "calls": 3}]}
-        calls = {c["id"]: c for c in v["calls"]}
-        assert [t["name"] for t in calls[ids["main"][0]]["tools"]] == ["Bash", "Read"]
-        assert {calls[c]["tools_same_as"] for c in ids["main"][1:] + [ids["error"]]} == {ids["main"][0]}
-        assert all(calls[c]["tools"] == [] for c in ids["main"][1:])
-        assert [m["role"] for m in calls[ids["main"][5]]["messages"]] == ["tool"]  # not the 11 before it
-        assert calls[ids["error"]]["preview"] == RATE_LIMITED and calls[ids["error"]]["status"] == "error"
-    assert page.count('class="schemas"') == 3 and page.count("<details class=\"side\"") == 2
-    # the schemas once per session (haiku, claude, explore), not with each of 106 calls; one row
-    # indented: the refused attempt
-    assert page.count('class="node call d1') == 1
-
-
-def test_the_main_agent_rule(tmp_path):
-    """`main` when an agent has that name; else the most calls, then the most tokens."""
-    from harnessrl.records import Call
-
-    _, make = open_db(str(tmp_path / "runs.db"))
-    cases = {"named": [("helper", 5), ("helper", 5), ("main", 1)], "calls": [("a", 100), ("b", 1), ("b", 1)],
-             "tokens": [("a", 1), ("b", 50), ("a", 1), ("b", 50)], "tie": [("a", 7), ("b", 7)]}
-    with make.begin() as s:
-        for rid, agents in cases.items():
-            s.add(Rollout(id=rid, status="finished", next_seq=len(agents), created_at=0.0))
-            s.flush()
-            for seq, (agent, tokens) in enumerate(agents):
-                s.add(Call(id=f"{rid}{seq}", rollout_id=rid, seq=seq, agent=agent, endpoint="chat",
-                           request={"messages": [{"role": "user", "content": f"{agent} {seq}"}]}, status="ok",
-                           prompt_tokens=tokens, completion_tokens=1, created_at=0.0))
-    viewer = create_viewer(str(tmp_path / "runs.db"))
-    with serve(viewer) as url:
-        found = {rid: httpx.get(f"{url}/api/rollouts/{rid}").json()["main_agent"] for rid in cases}
-    viewer.state.engine.dispose()
-    assert found == {"named": "main", "calls": "b", "tokens": "b", "tie": "a"}  # a tie: the earlier agent

@@ -172,8 +172,8 @@ def same_tools(calls: list[Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for c in calls:
         key = session_key(c.session_id, c.agent)
-        tools = (c.request or {}).get("tools")
-        if tools and key in last and (last[key].request or {}).get("tools") == tools:
+        tools = c.request.get("tools") if isinstance(c.request, dict) else None
+        if tools and key in last and isinstance(last[key].request, dict) and last[key].request.get("tools") == tools:
             out[c.id] = out.get(last[key].id, last[key].id)
         last[key] = c
     return out

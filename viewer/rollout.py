@@ -54,9 +54,19 @@ def find_tokenizer(engine: Engine, given: str | None) -> str | None:
         return next((m for m in models if Path(m).is_dir()), None)
 
 
-def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+def _as_shown(value: Any, what: str) -> list[dict[str, Any]]:
+    """A list of messages as is; anything else (a refused call's body is recorded as sent, so it
+    may be malformed) as one message holding its JSON."""
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        return value
+    return [{"role": what, "content": json.dumps(value, ensure_ascii=False)}]
+
+
+def _messages(request: Any) -> list[dict[str, Any]]:
+    if not isinstance(request, dict):
+        return _as_shown(request, "request")
     if "messages" in request:
-        return request.get("messages") or []
+        return _as_shown(request["messages"], "messages")
     if "prompt" in request:
         prompt = request["prompt"]
         return [{"role": "prompt", "content": prompt if isinstance(prompt, str) else str(prompt)}]
@@ -66,14 +76,15 @@ def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
     body = own.get("body") if isinstance(own, dict) else None
     if not isinstance(body, dict):
         return []
-    if isinstance(body.get("messages"), list):
-        return body["messages"]
+    if "messages" in body:
+        return _as_shown(body["messages"], "messages")
     items = body.get("input")
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    return [{"role": str(i.get("role") or i.get("type")),
-             "content": i.get("content", i.get("output", i.get("arguments")))}
-            for i in items or [] if isinstance(i, dict)] if isinstance(items, list) else []
+    if not isinstance(items, list):
+        return _as_shown(items, "input")
+    return [{"role": str(i.get("role") or i.get("type")), "content": i.get("content", i.get("output", i.get("arguments")))}
+            if isinstance(i, dict) else _as_shown(i, "input")[0] for i in items]
 
 
 def _clip(text: str, n: int = PREVIEW) -> str:
@@ -82,8 +93,10 @@ def _clip(text: str, n: int = PREVIEW) -> str:
 
 
 def _message_view(m: dict[str, Any]) -> dict[str, Any]:
-    calls = [{"name": (tc.get("function") or {}).get("name"), "arguments": (tc.get("function") or {}).get("arguments")}
-             for tc in m.get("tool_calls") or [] if isinstance(tc, dict)]
+    listed = m.get("tool_calls")
+    functions = [tc["function"] if isinstance(tc.get("function"), dict) else {}
+                 for tc in (listed if isinstance(listed, list) else []) if isinstance(tc, dict)]
+    calls = [{"name": f.get("name"), "arguments": f.get("arguments")} for f in functions]
     raw = m.get("content")
     # content blocks without text (tool_use, tool_result of a surface's own body) as their JSON
     content = content_text(raw) or ("" if raw in (None, "", []) else json.dumps(raw, ensure_ascii=False))
@@ -163,7 +176,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         elif r.call_id:
             process.setdefault(r.call_id, {})[r.name] = r.value
     forest = build_forest(list(tokens.values()))
-    messages = {c.id: _messages(c.request or {}) for c in calls}
+    messages = {c.id: _messages(c.request if c.request is not None else {}) for c in calls}
     flow = sessions(calls, forest, messages)
     # a call shows the messages it added: those after its parent's messages and reply (the
     # parent's completion shows that), so a long session is not quadratic in its history
@@ -203,7 +216,7 @@ def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: L
     completion = ct.completion if ct is not None else None
     tool_calls = [_message_view({"tool_calls": [tc]})["tool_calls"][0] for tc in c.tool_calls or []
                   if isinstance(tc, dict)]
-    tools = (c.request or {}).get("tools") or []
+    tools = (c.request.get("tools") if isinstance(c.request, dict) else None) or []
     return {
         "id": c.id, "seq": c.seq, "agent": c.agent, "session_id": c.session_id,
         "key": session_key(c.session_id, c.agent), "parent_call_id": c.parent_call_id, "endpoint": c.endpoint,
