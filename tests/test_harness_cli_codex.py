@@ -35,3 +35,9 @@ def test_compile_yields_samples_of_every_run(session):
 
 def test_no_api_key_is_stored_or_logged(session):
     hc.check_no_keys(session)
+
+
+def test_pointed_at_the_proxy_it_posts_responses_and_unpointed_it_opens_the_responses_websocket(session):
+    surfaces = {mode: {c.surface for c in hc.calls(session, mode)} for mode in hc.MODES}
+    # its built-in OpenAI provider (api.openai.com, caught by mitmdump) speaks the WebSocket first
+    assert surfaces == {"base-url": {"responses"}, "run": {"responses"}, "intercept": {"responses-ws"}}

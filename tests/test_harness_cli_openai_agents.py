@@ -36,3 +36,10 @@ def test_compile_yields_samples_of_every_run(session):
 
 def test_no_api_key_is_stored_or_logged(session):
     hc.check_no_keys(session)
+
+
+@pytest.mark.parametrize("mode", hc.MODES)
+def test_the_triage_agent_hands_off_and_the_shell_agent_runs_its_tool(session, mode):
+    offered = [[t["function"]["name"] for t in c.request.get("tools", [])] for c in hc.calls(session, mode)]
+    assert offered[0] == ["transfer_to_shell_agent"]  # the triage agent's only tool is its handoff
+    assert offered[1:] and all(names == ["bash"] for names in offered[1:]), offered
