@@ -82,10 +82,11 @@ HARNESSES = {
     "codex": Harness("codex", "codex", ["exec", TASK], base_files={".codex/config.toml": CODEX_CONFIG}),
     "opencode": Harness("opencode", "opencode", ["run", TASK], base_env={"ANTHROPIC_BASE_URL": "{root}"}),
     # MSWEA_CONFIGURED skips the first-run wizard; cost tracking knows no local model's price
+    # (`harnessrl run` sets MSWEA_COST_TRACKING itself)
     "mini-swe-agent": Harness("mini-swe-agent", "mini", ["-m", f"openai/{MODEL}", "-t", TASK, "-y",
                                                          "--exit-immediately"],
-                              base_env={"OPENAI_API_BASE": "{v1}"},
-                              env={"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors"},
+                              base_env={"OPENAI_API_BASE": "{v1}", "MSWEA_COST_TRACKING": "ignore_errors"},
+                              env={"MSWEA_CONFIGURED": "true"},
                               prints_answer=False),  # it ends on its submit command, not an answer
     "aider": Harness("aider", "aider", ["--model", f"openai/{MODEL}", "--yes-always", "--message",
                                         'In hello.py replace "hello" with "hrl-aider-ok"', "hello.py"],

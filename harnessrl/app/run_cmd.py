@@ -69,6 +69,9 @@ def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Intercepto
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         if not os.environ.get(name):
             env[name] = key
+    if not os.environ.get("MSWEA_COST_TRACKING"):
+        # mini-swe-agent stops on a model litellm has no price for, as a model behind the proxy usually is
+        env["MSWEA_COST_TRACKING"] = "ignore_errors"
     if interceptor is not None:
         env.update(interceptor.env(identity))
     return env
