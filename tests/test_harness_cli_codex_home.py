@@ -67,3 +67,11 @@ def test_an_unreadable_user_config_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="config.toml"), codex_home("http://h/v1", {"CODEX_HOME": str(tmp_path),
                                                                                  "HARNESSRL_HOME": str(tmp_path)}):
         pass
+
+
+@pytest.mark.unit
+def test_a_home_it_cannot_write_to_falls_back_to_the_temporary_directory(tmp_path):
+    (tmp_path / "file").write_text("")
+    with codex_home("http://h/v1", {"HOME": str(tmp_path), "HARNESSRL_HOME": str(tmp_path / "file" / "hrl")}) as home:
+        assert tomllib.loads((home / "config.toml").read_text())["model_provider"] == PROVIDER
+        assert home.name.startswith("harnessrl-codex-") and not home.is_relative_to(tmp_path)

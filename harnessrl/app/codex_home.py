@@ -74,9 +74,13 @@ def codex_home(base_url: str, environ: dict[str, str] | None = None) -> Iterator
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise UserError(f"{user / 'config.toml'}: cannot read it for Codex's provider ({exc})") from None
     # not in /tmp: Codex refuses to put its helper binaries under a world-writable directory
-    parent = Path(environ.get("HARNESSRL_HOME") or Path(environ.get("HOME") or Path.home()) / ".harnessrl") / "codex"
-    parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="run-", dir=parent) as tmp:
+    parent: Path | None = Path(environ.get("HARNESSRL_HOME") or Path(environ.get("HOME") or Path.home())
+                               / ".harnessrl") / "codex"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: the system's temporary directory still works (Codex only warns)
+        parent = None
+    with tempfile.TemporaryDirectory(prefix="harnessrl-codex-", dir=parent) as tmp:
         home = Path(tmp)
         if user.is_dir():
             for entry in user.iterdir():
