@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install.sh scripts/install_harnesses.sh harnesses.lock
+$(STAMP): pyproject.toml scripts/install.sh scripts/install_harnesses.sh scripts/install_vllm.sh harnesses.lock
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
@@ -19,5 +19,5 @@ test: install
 # The unit tests (-m unit) on Python 3.12 in their own venv; .ci/run finds the interpreter.
 PYTHON312 ?= python3.12
 test-py312:
-	VENV=.venv-py312 PYTHON=$(PYTHON312) EXTRAS=dev MITM=0 HARNESSES=0 bash scripts/install.sh
+	VENV=.venv-py312 PYTHON=$(PYTHON312) EXTRAS=dev MITM=0 HARNESSES=0 VLLM=0 bash scripts/install.sh
 	.venv-py312/bin/python -m pytest -q -m unit

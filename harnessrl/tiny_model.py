@@ -18,6 +18,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
+from harnessrl.errors import UserError
 from harnessrl.toolcalls import BLOCK, tool_calls_in
 
 SPECIAL_TOKENS = [
@@ -279,13 +280,21 @@ def _imprint(model, tokenizer, seed: int, steps: int, batch_size: int = 16, lr: 
     return step
 
 
+# A shape vLLM's CPU attention serves: it takes head dims 32, 64, 80, ... only (0.32.0), and the
+# default shape's is 16. The default stays the smaller model: the test suite trains it many times.
+VLLM_SHAPE = {"hidden_size": 128, "heads": 2}
+
+
 def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     steps: int = 300) -> Path:
+                     steps: int = 300, heads: int = 4) -> Path:
     """Write tokenizer + tiny imprinted Qwen2 model to `out_dir`; returns the path.
-    `steps` caps the imprint (it stops early once its probes pass); 0 leaves the weights random."""
+    `steps` caps the imprint (it stops early once its probes pass); 0 leaves the weights random.
+    The head dim is hidden_size / heads (VLLM_SHAPE: one vLLM serves on CPU)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    if heads < 1 or hidden_size % heads:
+        raise UserError(f"hidden size {hidden_size} is not a multiple of {heads} heads")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed=seed)
@@ -295,8 +304,8 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, hidden_size: int = 64, 
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=min(2, heads),
         max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=None,

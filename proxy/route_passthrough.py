@@ -39,7 +39,7 @@ class PassThroughRoute:
             ex = extract_and_strip(data, wants, req.chat)
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(exc) from None
-        return _result(ex, data, prompt)
+        return _result(ex, data, prompt, req.upstream)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
         body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
@@ -74,7 +74,7 @@ class PassThroughRoute:
             ex, full = asm.finish()
         except Exception as exc:  # noqa: BLE001
             raise UpstreamMalformed(exc) from None
-        yield _result(ex, full, prompt)
+        yield _result(ex, full, prompt, req.upstream)
 
 
 def _with_model(body: dict, model: str | None) -> dict:
@@ -85,11 +85,12 @@ def _path(req: Request) -> str:
     return "/v1/chat/completions" if req.chat else "/v1/completions"
 
 
-def _result(ex: Extract, data: dict, prompt: Prompt) -> Result:
+def _result(ex: Extract, data: dict, prompt: Prompt, lease: object = None) -> Result:
     drift = None
     if prompt.turn is not None and ex.prompt_ids is not None:
         # the upstream's own rendering of an extending call lost the earlier call's exact ids
         drift = not prompt.turn.starts(ex.prompt_ids)
     return Result(text=ex.text, finish_reason=ex.finish_reason, usage=ex.usage, message=ex.reply,
                   prompt_ids=ex.prompt_ids, completion_ids=ex.completion_ids, logprobs=ex.logprobs,
-                  weight_version=ex.weight_version, drift=drift, raw=data)
+                  # vLLM's OpenAI routes report no version: the one the proxy last pushed to it
+                  weight_version=ex.weight_version or getattr(lease, "version", None), drift=drift, raw=data)

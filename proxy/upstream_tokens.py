@@ -1,5 +1,9 @@
 """A vLLM upstream used as a token backend (prefix-consistent mode for upstreams): the proxy
-builds the prompt ids itself and sends them through `/v1/completions` with a token-id prompt."""
+builds the prompt ids itself and sends them through `/v1/completions` with a token-id prompt.
+
+The `model` of those calls is the name the upstream serves (the first id of its `/v1/models`,
+asked once per upstream): vLLM answers any other name with a 404, and the harness's own model
+name means nothing to it."""
 
 from __future__ import annotations
 
@@ -22,15 +26,27 @@ class UpstreamTokens:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.weight_version = "upstream"
+        self._served: dict[str, str] = {}  # upstream URL -> the model name it serves
         self._eos_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.eos_token
 
-    def _body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> bytes:
+    async def _served_model(self, pool: Any) -> str:
+        url = getattr(pool, "url", "")
+        if url not in self._served:
+            try:
+                resp = await pool.request("GET", "/v1/models")
+                self._served[url] = str(orjson.loads(resp.body)["data"][0]["id"])
+            except Exception:  # noqa: BLE001 - no model list: the configured name, as before
+                return self.model_name
+        return self._served[url]
+
+    async def _body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> bytes:
         body: dict[str, Any] = {
-            "model": self.model_name, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+            "model": await self._served_model(params.via or self.pool), "prompt": prompt_ids, "max_tokens": params.max_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "logprobs": params.top_logprobs,
             "return_token_ids": True, "return_weight_versions": True,
-            # tool-call tags are special tokens in many tokenizers: keep them in the text
+            # tool-call tags are special tokens in many tokenizers: keep them in the text. The weight
+            # version fields are the stand-in's extension: vLLM 0.32's completions ignore them
             "skip_special_tokens": False, "stream": stream,
         }
         if params.seed is not None:
@@ -45,7 +61,7 @@ class UpstreamTokens:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _completion(self, prompt_ids, ids, lps, finish, version, tops=None) -> Completion:
+    def _completion(self, prompt_ids, ids, lps, finish, version, tops=None, via=None) -> Completion:
         try:
             checked(Extract(completion_ids=ids, logprobs=lps))
         except ValueError as exc:
@@ -54,10 +70,12 @@ class UpstreamTokens:
             raise UpstreamMalformed(f"{len(ids)} token ids but {len(lps)} log-probs")
         if version:
             self.weight_version = version
-        return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", self.weight_version, tops)
+        # an upstream that reports no version (vLLM's completions): the one the proxy pushed to it
+        version = version or getattr(via, "version", None) or self.weight_version
+        return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", version, tops)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        resp = await (params.via or self.pool).request("POST", "/v1/completions", self._body(prompt_ids, params, False))
+        resp = await (params.via or self.pool).request("POST", "/v1/completions", await self._body(prompt_ids, params, False))
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
         try:
@@ -67,10 +85,10 @@ class UpstreamTokens:
             tops = _tops(ch["logprobs"]) if params.top_logprobs else None
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(f"{type(exc).__name__}: {exc}") from None
-        return self._completion(prompt_ids, ids, lps, finish, version, tops)
+        return self._completion(prompt_ids, ids, lps, finish, version, tops, params.via)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenDelta | Completion]:
-        resp, chunks = await (params.via or self.pool).stream("POST", "/v1/completions", self._body(prompt_ids, params, True))
+        resp, chunks = await (params.via or self.pool).stream("POST", "/v1/completions", await self._body(prompt_ids, params, True))
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
         ids: list[int] = []
@@ -89,7 +107,7 @@ class UpstreamTokens:
                     lps += new_lps
                     finish = ch_finish or finish
                     version = ch_version or version
-        yield self._completion(prompt_ids, ids, lps, finish, version)
+        yield self._completion(prompt_ids, ids, lps, finish, version, via=params.via)
 
     def _chunk(self, payload: bytes) -> list[tuple]:
         """(token ids, log-probs, text, finish reason, weight version) of each choice of a chunk."""

@@ -110,6 +110,12 @@ class Lease:
     def url(self) -> str:
         return self.u.url
 
+    @property
+    def version(self) -> str | None:
+        """The weight version last pushed to this upstream: recorded on calls it answers without
+        reporting one (vLLM's OpenAI routes report none)."""
+        return self.u.version
+
     async def request(self, method: str, path: str, body: bytes | None = None,
                       headers: dict[str, str] | None = None) -> Response:
         try:

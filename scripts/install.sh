@@ -52,6 +52,7 @@ if [ "${MITM:-1}" = 1 ] && ! .venv-mitm/bin/mitmdump --version >/dev/null 2>&1; 
   .venv-mitm/bin/python -m pip install -q "mitmproxy>=11.0.2,<13"
   echo "mitmproxy installed in .venv-mitm ($(.venv-mitm/bin/mitmdump --version | head -1))"
 fi
+[ "${VLLM:-1}" = 1 ] && PYTHON=$PYTHON bash scripts/install_vllm.sh  # .venv-vllm: CUDA build with a GPU, else CPU
 if [ "${HARNESSES:-1}" = 1 ]; then
   PYTHON=$PYTHON bash scripts/install_harnesses.sh
 fi

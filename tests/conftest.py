@@ -91,3 +91,8 @@ def upstream(tokenizer_dir):
 
     with run_standin(str(tokenizer_dir)) as url:
         yield url
+
+
+# The real-vLLM tier's session fixtures (tests/vllm_server.py), declared here so that the tier's
+# modules share one server per session.
+from vllm_server import vllm_model_dir, vllm_url  # noqa: E402,F401

@@ -22,8 +22,10 @@ holding U+0000 (as models sometimes do). vLLM's reload API (`/collective_rpc` re
 `/v1/load_lora_adapter`, `/reset_prefix_cache`) changes the weight version it reports; a stream
 that a reload overtakes reports two version spans. With `api_key` it answers 401 to any request without
 `Authorization: Bearer <api_key>` (vLLM's `--api-key`) and keeps the Authorization headers it
-was sent in `app.state.auth_seen`. Run as a process:
-`python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY] [--scripted]`.
+was sent in `app.state.auth_seen`. With `served` names (`--served-model-name`) it refuses any
+other model name (the hook names aside) with vLLM's 404 (`NotFoundError`, "The model `X` does not
+exist."), as vLLM does; without, it takes any name (the harness suites send their own). Run as a process:
+`python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY] [--scripted] [--served-model-name NAME]`.
 
 Scripted mode (`--scripted`, `create_app(..., scripted=True)`): the reply is what
 tests/scripted_agent.py answers to the rendered prompt, so a real harness (Claude Code, Codex, ...)
@@ -54,10 +56,11 @@ def _err(status: int, message: str, type_: str = "BadRequestError") -> Response:
 
 
 class StandIn:
-    def __init__(self, tokenizer_dir: str, scripted: bool = False) -> None:
+    def __init__(self, tokenizer_dir: str, scripted: bool = False, served: tuple[str, ...] | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.scripted = scripted
+        self.served = served
         self.tok = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.version = WEIGHT_VERSION  # changed by a reload (vLLM's reload_weights / load_lora_adapter)
         self.reloads = 0
@@ -314,7 +317,13 @@ class StandIn:
         if model == "no-choices":  # an error sent as a 200 (seen from overloaded gateways)
             return Response(orjson.dumps({"object": "error", "message": "overloaded", "choices": None}),
                             media_type="application/json")
+        if self.served is not None and model not in self.served and model not in _HOOKS:
+            return _err(404, f"The model `{model}` does not exist.", "NotFoundError")
         return None
+
+
+_HOOKS = {"fail-500", "fail-400", "slow", "no-choices", "bad-ids", "bad-usage", "bad-chunk", "slow-stream",
+          "nul-output"}
 
 
 class _Opts:
@@ -344,8 +353,9 @@ def _usage(prompt: list[int], ids: list[int]) -> dict:
     return {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
 
 
-def create_app(tokenizer_dir: str, api_key: str | None = None, scripted: bool = False) -> FastAPI:
-    s = StandIn(tokenizer_dir, scripted)
+def create_app(tokenizer_dir: str, api_key: str | None = None, scripted: bool = False,
+               served: tuple[str, ...] | None = None) -> FastAPI:
+    s = StandIn(tokenizer_dir, scripted, served)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.auth_seen = []
     if api_key is not None:
@@ -364,7 +374,8 @@ def create_app(tokenizer_dir: str, api_key: str | None = None, scripted: bool = 
     app.state.standin = s
 
     async def models(_request: Request) -> Response:
-        return Response(orjson.dumps({"object": "list", "data": [{"id": "standin", "object": "model"}]}),
+        names = s.served or ("standin",)
+        return Response(orjson.dumps({"object": "list", "data": [{"id": n, "object": "model"} for n in names]}),
                         media_type="application/json")
 
     app.add_route("/v1/models", models, methods=["GET"])
@@ -388,8 +399,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8001)
     ap.add_argument("--api-key", default=None, help="require this bearer key, like vLLM's --api-key")
     ap.add_argument("--scripted", action="store_true", help="answer like an agent (tests/scripted_agent.py)")
+    ap.add_argument("--served-model-name", action="append", default=None,
+                    help="refuse other model names with vLLM's 404 (repeatable)")
     args = ap.parse_args()
-    uvicorn.run(create_app(args.tokenizer, args.api_key, args.scripted), host=args.host, port=args.port,
+    served = tuple(args.served_model_name) if args.served_model_name else None
+    uvicorn.run(create_app(args.tokenizer, args.api_key, args.scripted, served), host=args.host, port=args.port,
                 loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, backlog=4096)
 

@@ -1,5 +1,7 @@
 """`harnessrl vllm`: start `vllm serve` from its own environment with the flags the proxy and the
-weight push need. vLLM pins its own torch/transformers, so it is never imported here."""
+weight push need. vLLM pins its own torch/transformers, so it is never imported here; its
+environment is `.venv-vllm` (scripts/install_vllm.sh: the CUDA build with a GPU, the CPU build
+without), found in the working directory or beside this checkout."""
 
 from __future__ import annotations
 
@@ -9,14 +11,19 @@ from pathlib import Path
 
 from harnessrl.errors import UserError
 
-DEFAULT_BINS = ("~/.venvs/vllm/bin/vllm", "/opt/vllm/bin/vllm")
+PROJECT_BIN = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "vllm"  # an editable checkout's
+DEFAULT_BINS = (".venv-vllm/bin/vllm", str(PROJECT_BIN), "~/.venvs/vllm/bin/vllm", "/opt/vllm/bin/vllm")
+# GiB of KV cache on the CPU build: its default share of RAM does not fit beside a trainer on a
+# small machine, and the tiny model's contexts need far less. The CUDA build ignores it.
+CPU_KVCACHE_GIB = "1"
 
 
 def find_vllm(explicit: str | None = None) -> str:
     for candidate in (explicit, os.environ.get("HARNESSRL_VLLM_BIN"), *DEFAULT_BINS, shutil.which("vllm")):
         if candidate and Path(candidate).expanduser().is_file():
-            return str(Path(candidate).expanduser())
-    raise UserError("no vLLM found: install it in its own environment and pass --vllm-bin PATH (or set HARNESSRL_VLLM_BIN)")
+            return str(Path(candidate).expanduser().absolute())
+    raise UserError("no vLLM found: run scripts/install_vllm.sh (makes .venv-vllm), or pass --vllm-bin PATH "
+                    "(or set HARNESSRL_VLLM_BIN)")
 
 
 def serve_command(vllm_bin: str, model: str, host: str = "127.0.0.1", port: int = 8001, lora: bool = False,
@@ -30,7 +37,7 @@ def serve_command(vllm_bin: str, model: str, host: str = "127.0.0.1", port: int 
     ]
     if served_name:
         cmd += ["--served-model-name", served_name]
-    env = {}
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)}
     if lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter

@@ -49,11 +49,13 @@ app.add_typer(db_app, name="db")
 def tiny_model(
     out_dir: Path = typer.Argument(..., help="Directory to write the tiny model and tokenizer to."),
     seed: int = typer.Option(0, help="Seed for the tokenizer corpus and the weights."),
+    vllm: bool = typer.Option(False, "--vllm", help="A shape vLLM's CPU attention serves (head dim 64; "
+                              "the default's 16 is refused there)."),
 ) -> None:
     """Build the tiny Qwen2-architecture test model and its tokenizer, offline and deterministically."""
-    from harnessrl.tiny_model import build_tiny_model
+    from harnessrl.tiny_model import VLLM_SHAPE, build_tiny_model
 
-    path = build_tiny_model(out_dir, seed=seed)
+    path = build_tiny_model(out_dir, seed=seed, **(VLLM_SHAPE if vllm else {}))
     Console().print(f"tiny model written to [bold]{path}[/bold]")
 
 

@@ -1,0 +1,46 @@
+"""What real vLLM refuses and the stand-in used to take, checked on the stand-in (which now
+refuses it the same way): an unknown model name is vLLM's 404, so the `--prefix` token route must
+send the name the upstream serves whatever the harness asked for (docs/vllm.md)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import select
+
+from harnessrl.db import open_db
+from harnessrl.proxy.server import ProxyConfig, run_proxy
+from harnessrl.records import Call
+from vllm_standin import create_app, run_standin
+
+
+@pytest.fixture(scope="module")
+def strict_upstream(tokenizer_dir):
+    with run_standin(str(tokenizer_dir), create_app(str(tokenizer_dir), served=("tiny",))) as url:
+        yield url
+
+
+def test_standin_refuses_an_unknown_model_like_vllm(strict_upstream):
+    r = httpx.post(strict_upstream + "/v1/completions", json={"model": "model", "prompt": [1, 2], "max_tokens": 1})
+    assert r.status_code == 404
+    assert r.json()["error"] == {"message": "The model `model` does not exist.", "type": "NotFoundError",
+                                 "param": None, "code": 404}
+    assert httpx.get(strict_upstream + "/v1/models").json()["data"][0]["id"] == "tiny"
+
+
+def test_prefix_mode_sends_the_served_model_name(strict_upstream, tokenizer_dir, tmp_path):
+    db = str(tmp_path / "runs.db")
+    cfg = ProxyConfig(db=db, upstream=strict_upstream, port=0, prefix=True, tokenizer=str(tokenizer_dir))
+    with run_proxy(cfg) as proxy:
+        c = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        out = c.chat.completions.create(model="harness-model", messages=[{"role": "user", "content": "Hi"}])
+        again = c.chat.completions.create(model="harness-model", messages=[{"role": "user", "content": "Hi"}],
+                                          stream=True)
+        assert list(again)
+    assert out.choices[0].message.content is not None
+    engine, Session = open_db(db)
+    with Session() as s:
+        rows = list(s.scalars(select(Call)))
+    engine.dispose()
+    assert [r.status for r in rows] == ["ok", "ok"] and all(r.prompt_path == "render" for r in rows)
