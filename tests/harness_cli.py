@@ -28,7 +28,9 @@ TESTS = Path(__file__).resolve().parent
 LOCK = ROOT / "harnesses.lock"
 UNAVAILABLE = ROOT / ".harnesses" / "unavailable"
 MODES = ("base-url", "run", "intercept")
-MODEL = "hrl-scripted"  # what the litellm-based harnesses ask for (openai/<name>); the stand-in serves any name
+# the stand-in's one served model name: like vLLM it refuses others, and the proxy in prefix mode
+# sends it whatever the harness asks for (claude-opus-…, gpt-…); the litellm-based harnesses ask for it
+MODEL = "hrl-scripted"
 TASK = "Run the shell command printf 'hrl-%s\\n' tool-ran and tell me what it printed."
 # What a harness could leak: these fake keys are in every harness's environment, and must
 # appear nowhere in the records DB, the logs or the CA directory.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from harness_cli import HARNESSES, KEYS, MODES, TESTS, program
+from harness_cli import HARNESSES, KEYS, MODEL, MODES, TESTS, program
 from harnessrl.client import HarnessRL
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
@@ -92,7 +92,8 @@ def main(out: Path, name: str, tokenizer: str) -> None:
     sport, pport = _free_port(), _free_port()
     logs = {n: open(out / f"{n}.log", "w") for n in ("standin", "proxy")}
     standin = subprocess.Popen([sys.executable, str(TESTS / "vllm_standin.py"), "--tokenizer", tokenizer,
-                                "--port", str(sport), "--scripted"], stdout=logs["standin"], stderr=subprocess.STDOUT)
+                                "--port", str(sport), "--scripted", "--served-model-name", MODEL],
+                               stdout=logs["standin"], stderr=subprocess.STDOUT)
     proxy = subprocess.Popen(HARNESSRL + ["proxy", "--db", str(out / "runs.db"), "--upstream",
                                           f"http://127.0.0.1:{sport}", "--prefix", "--tokenizer", tokenizer,
                                           "--port", str(pport)], stdout=logs["proxy"], stderr=subprocess.STDOUT)
