@@ -25,7 +25,7 @@ class UpstreamTokens:
         self.pool = pool
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.weight_version = "upstream"
+        self.weight_version: str | None = None  # the last one the upstream reported (vLLM: none)
         self._served: dict[str, str] = {}  # upstream URL -> the model name it serves
         self._eos_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.eos_token

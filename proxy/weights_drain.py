@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import orjson
 
@@ -71,7 +72,17 @@ async def _post(u: Upstream, path: str, payload: dict | None) -> None:
                               f"{resp.body[:200].decode('utf-8', 'replace')}", "upstream_error", code="push_failed")
 
 
+def _tied(path: str) -> bool:
+    try:
+        return bool(orjson.loads((Path(path) / "config.json").read_bytes()).get("tie_word_embeddings"))
+    except (OSError, ValueError):
+        return False
+
+
 async def _reload(u: Upstream, path: str, version: str, lora: bool) -> None:
+    if not lora and _tied(path):
+        log.warning("push: %s ties its output layer to its embeddings; vLLM 0.32's reload_weights leaves that "
+                    "layer at its old weights (docs/vllm.md)", path)
     if lora:
         await _post(u, "/v1/load_lora_adapter", {"lora_name": version, "lora_path": path})
     else:

@@ -155,14 +155,16 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
 def test_vllm_launcher_flags_and_missing_binary(tmp_path, monkeypatch):
     from harnessrl.trainer.vllm import find_vllm, serve_command
 
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cmd, env = serve_command("/opt/v/bin/vllm", "/models/m", port=8101, extra=["--max-model-len", "4096"])
     joined = " ".join(cmd)
     assert cmd[:3] == ["/opt/v/bin/vllm", "serve", "/models/m"]
     assert "--tool-call-parser hermes" in joined and "--logprobs-mode processed_logprobs" in joined
-    assert joined.endswith("--max-model-len 4096") and env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert joined.endswith("--max-model-len 4096")
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # the CPU build's KV cache, GiB
     cmd, env = serve_command("/opt/v/bin/vllm", "/models/m", lora=True, max_lora_rank=32)
     assert "--enable-lora" in cmd and cmd[cmd.index("--max-lora-rank") + 1] == "32"
-    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("HARNESSRL_VLLM_BIN", raising=False)
     monkeypatch.setattr("harnessrl.trainer.vllm.DEFAULT_BINS", ())

@@ -32,11 +32,13 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def vllm_model_dir() -> Path:
-    """The tiny model in VLLM_SHAPE; cached like conftest's tiny model, by source hash."""
+    """The tiny model in VLLM_SHAPE with its own output layer (`harnessrl tiny-model --vllm`);
+    cached like conftest's tiny model, by source hash."""
     from conftest import _CACHE, _tiny_model_key
     from filelock import FileLock
 
     from harnessrl.tiny_model import VLLM_SHAPE, build_tiny_model
+    from harnessrl.trainer.vllm import untie_embeddings
 
     out = _CACHE / f"tiny-vllm-{_tiny_model_key()}"
     _CACHE.mkdir(parents=True, exist_ok=True)
@@ -46,6 +48,7 @@ def vllm_model_dir() -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
             build_tiny_model(tmp, **VLLM_SHAPE)
+            untie_embeddings(tmp)
             tmp.rename(out)
     return out
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -66,7 +67,13 @@ def push_proxy(url: str, path: Path, version: str, timeout: float = 600.0, lora:
 
 
 def push_vllm(url: str, path: Path, version: str, lora: bool, db: str | None = None, timeout: float = 600.0) -> str:
+    from harnessrl.trainer.vllm import tied
+
     base = url.rstrip("/")
+    if not lora and tied(path):
+        print(f"warning: {path} ties its output layer to its embeddings; vLLM 0.32's reload leaves that layer at "
+              "its old weights (docs/vllm.md): untie the model before training (harnessrl.trainer.vllm.untie_embeddings)",
+              file=sys.stderr)
     with httpx.Client(timeout=timeout) as client:
         if lora:
             _post(client, f"{base}/v1/load_lora_adapter", {"lora_name": version, "lora_path": str(path.resolve())})

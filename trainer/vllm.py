@@ -46,6 +46,39 @@ def serve_command(vllm_bin: str, model: str, host: str = "127.0.0.1", port: int 
     return cmd + list(extra or []), env
 
 
+def untie_embeddings(model_dir: str | Path) -> bool:
+    """Give a checkpoint with tied input/output embeddings its own `lm_head.weight` (a copy: the
+    model computes the same), so that vLLM's in-place reload updates the output layer too: vLLM
+    0.32's `reload_weights` leaves a tied output layer at the weights it started with
+    (docs/vllm.md). Returns whether it changed anything."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = Path(model_dir)
+    config = json.loads((path / "config.json").read_text())
+    if not config.get("tie_word_embeddings"):
+        return False
+    files = sorted(path.glob("*.safetensors"))
+    if len(files) != 1:
+        raise UserError(f"{path}: untying needs one model.safetensors file, found {len(files)}")
+    tensors = load_file(str(files[0]))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(files[0]), metadata={"format": "pt"})
+    config["tie_word_embeddings"] = False
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return True
+
+
+def tied(model_dir: str | Path) -> bool:
+    import json
+
+    try:
+        return bool(json.loads((Path(model_dir) / "config.json").read_text()).get("tie_word_embeddings"))
+    except (OSError, ValueError):
+        return False
+
+
 def run_vllm(cmd: list[str], env: dict[str, str]) -> None:
     """Replace this process with vLLM (signals and exit status go straight to it)."""
     os.execvpe(cmd[0], cmd, {**os.environ, **env})

@@ -50,12 +50,17 @@ def tiny_model(
     out_dir: Path = typer.Argument(..., help="Directory to write the tiny model and tokenizer to."),
     seed: int = typer.Option(0, help="Seed for the tokenizer corpus and the weights."),
     vllm: bool = typer.Option(False, "--vllm", help="A shape vLLM's CPU attention serves (head dim 64; "
-                              "the default's 16 is refused there)."),
+                              "the default's 16 is refused there), with an untied output layer (vLLM's weight "
+                              "reload updates it)."),
 ) -> None:
     """Build the tiny Qwen2-architecture test model and its tokenizer, offline and deterministically."""
     from harnessrl.tiny_model import VLLM_SHAPE, build_tiny_model
 
     path = build_tiny_model(out_dir, seed=seed, **(VLLM_SHAPE if vllm else {}))
+    if vllm:
+        from harnessrl.trainer.vllm import untie_embeddings
+
+        untie_embeddings(path)
     Console().print(f"tiny model written to [bold]{path}[/bold]")
 
 
@@ -113,6 +118,9 @@ def loop(
     train_config: Path | None = typer.Option(None, "--train-config", help="YAML of further trainer options for "
                                              "every round (as `harnessrl train --config`, e.g. ratio_to, beta, "
                                              "epsilon); the flags above take precedence."),
+    upstream: str = typer.Option(None, "--upstream", help="A vLLM serving --model (`harnessrl vllm MODEL`): "
+                                 "rollouts go to it and each round's checkpoint is reloaded into it (default: "
+                                 "the proxy's embedded CPU backend)."),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
     from harnessrl.app.loop import LoopConfig, Teacher, run_loop
@@ -123,6 +131,7 @@ def loop(
                         algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
                         batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed,
+                        upstream=upstream,
                         train_config=train_config))
 
 

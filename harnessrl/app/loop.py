@@ -68,6 +68,7 @@ class LoopConfig:
     intercept: bool = False  # --cmd: route hard-coded LLM API hosts through one mitmdump
     teacher: Teacher | None = None  # a warm-up round against a stronger model first
     train_config: Path | None = None  # YAML of further trainer options (`harnessrl train --config`) for every round
+    upstream: str | None = None  # a vLLM serving `model` (`harnessrl vllm`): rollouts go to it, pushes reload it
 
 
 @dataclass
@@ -180,7 +181,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
         state.save(state_path)
         state.teacher = _teacher_round(cfg, cfg.teacher, h, db, state, f"teacher-a{state.attempts}", console)
         state.save(state_path)
-    with run_proxy(ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)) as proxy, \
+    with run_proxy(_proxy_config(cfg, db, state)) as proxy, \
             (h.around(proxy.url) if h.around else nullcontext()):
         if state.initial_eval is None:
             results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
@@ -219,6 +220,17 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             console.print(round_table(state))
     plot_curves(state, cfg.out / "curves.png")
     return state
+
+
+def _proxy_config(cfg: LoopConfig, db: str, state: LoopState) -> ProxyConfig:
+    """The local backend, or the vLLM upstream in prefix mode (the proxy's own prompt ids, sent
+    under the name vLLM serves) through an upstreams file of one URL, so that each round's push
+    drains it and reloads it from the checkpoint directory (proxy/weights_drain.py)."""
+    if cfg.upstream is None:
+        return ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)
+    listing = cfg.out / "upstreams.txt"
+    listing.write_text(cfg.upstream + "\n")
+    return ProxyConfig(db=db, upstreams_file=str(listing), prefix=True, tokenizer=state.model, seed=cfg.seed, port=0)
 
 
 def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int, partition: str | None) -> TrainConfig:
