@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real harnesses of the compatibility suite (tests/test_harness_cli_*.py) at the
+# Install the real harnesses of the compatibility suite (tests/test_harness_cli.py) at the
 # versions pinned in harnesses.lock: the npm CLIs into one project-local prefix (.harnesses/npm),
 # the pip ones into the venv the lock names (their own where their pins clash with this
 # project's: aider and mini-swe-agent pin litellm/openai versions of their own). Run by

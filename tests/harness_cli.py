@@ -1,4 +1,4 @@
-"""The real harnesses of the compatibility suite (tests/test_harness_cli_*.py): where
+"""The real harnesses of the compatibility suite (tests/test_harness_cli.py): where
 scripts/install_harnesses.sh put them (harnesses.lock), how each is run in its default
 configuration, and what a run must leave behind.
 
