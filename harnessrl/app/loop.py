@@ -183,6 +183,10 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
         state.save(state_path)
     with run_proxy(_proxy_config(cfg, db, state)) as proxy, \
             (h.around(proxy.url) if h.around else nullcontext()):
+        if cfg.upstream is not None and state.rounds:
+            # resumed: the upstream may serve an older model (restarted since); the local backend
+            # starts on state.model itself
+            push(proxy.url, Path(state.model), state.rounds[-1]["version"])
         if state.initial_eval is None:
             results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
             _, state.initial_eval, state.initial_validity = _summary(results)
