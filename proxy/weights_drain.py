@@ -6,7 +6,8 @@ then get a retryable 503), wait for its calls in flight (bounded by the drain ti
 it the way vLLM reloads, check that it answers with the new version, and open the gate again.
 No call is in flight on an upstream while it reloads, so no call's tokens span two versions, and
 a session (sticky to its upstream) sees its upstream's versions in order, never an older one
-after a newer one.
+after a newer one. vLLM's OpenAI routes report no weight version (0.32), so the version confirmed
+here is what the calls an upstream answers afterwards record (`Lease.version`).
 
 vLLM's reload API (what `trainer/push.py` uses against a bare vLLM): full weights by
 `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` then

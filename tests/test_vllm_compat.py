@@ -44,3 +44,29 @@ def test_prefix_mode_sends_the_served_model_name(strict_upstream, tokenizer_dir,
         rows = list(s.scalars(select(Call)))
     engine.dispose()
     assert [r.status for r in rows] == ["ok", "ok"] and all(r.prompt_path == "render" for r in rows)
+
+
+def test_untie_embeddings_keeps_the_function_and_gives_lm_head_its_own_weights(tmp_path):
+    """vLLM 0.32's reload leaves a tied output layer at its first weights (docs/vllm.md): an untied
+    copy computes the same and carries `lm_head.weight` of its own."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from harnessrl.trainer.vllm import tied, untie_embeddings
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        before = AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits
+    assert tied(tmp_path) and untie_embeddings(tmp_path) and not tied(tmp_path)
+    assert not untie_embeddings(tmp_path)  # already untied: left alone
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" in f.keys()
+    untied = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(untied(ids).logits, before)

@@ -22,9 +22,8 @@ holding U+0000 (as models sometimes do). vLLM's reload API (`/collective_rpc` re
 `/v1/load_lora_adapter`, `/reset_prefix_cache`) changes the weight version it reports; a stream
 that a reload overtakes reports two version spans. With `api_key` it answers 401 to any request without
 `Authorization: Bearer <api_key>` (vLLM's `--api-key`) and keeps the Authorization headers it
-was sent in `app.state.auth_seen`. With `served` names (`--served-model-name`) it refuses any
-other model name (the hook names aside) with vLLM's 404 (`NotFoundError`, "The model `X` does not
-exist."), as vLLM does; without, it takes any name (the harness suites send their own). Run as a process:
+was sent in `app.state.auth_seen`. Given `served` names (`--served-model-name`) it answers others
+(hooks aside) with vLLM's 404 NotFoundError; else it takes any name. Run as a process:
 `python tests/vllm_standin.py --tokenizer DIR --port 8001 [--api-key KEY] [--scripted] [--served-model-name NAME]`.
 
 Scripted mode (`--scripted`, `create_app(..., scripted=True)`): the reply is what
@@ -402,10 +401,9 @@ def main() -> None:
     ap.add_argument("--served-model-name", action="append", default=None,
                     help="refuse other model names with vLLM's 404 (repeatable)")
     args = ap.parse_args()
-    served = tuple(args.served_model_name) if args.served_model_name else None
-    uvicorn.run(create_app(args.tokenizer, args.api_key, args.scripted, served), host=args.host, port=args.port,
-                loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, backlog=4096)
+    app = create_app(args.tokenizer, args.api_key, args.scripted, tuple(args.served_model_name or ()) or None)
+    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
+                access_log=False, backlog=4096)
 
 
 if __name__ == "__main__":
