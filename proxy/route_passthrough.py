@@ -30,7 +30,7 @@ class PassThroughRoute:
         return Prompt("render", turn.call_id if turn else None, turn=turn)
 
     async def run(self, req: Request, prompt: Prompt) -> Result:
-        body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
+        body, wants = prepare(_with_model(req.body, _model(req, self.upstream_model)), req.chat)
         resp = await (req.upstream or self.pool).request("POST", _path(req), body)
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
@@ -42,7 +42,7 @@ class PassThroughRoute:
         return _result(ex, data, prompt, req.upstream)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:
-        body, wants = prepare(_with_model(req.body, self.upstream_model), req.chat)
+        body, wants = prepare(_with_model(req.body, _model(req, self.upstream_model)), req.chat)
         resp, chunks = await (req.upstream or self.pool).stream("POST", _path(req), body)
         if resp.status != 200:
             raise upstream_error(resp.status, b"".join([c async for c in chunks]))
@@ -75,6 +75,12 @@ class PassThroughRoute:
         except Exception as exc:  # noqa: BLE001
             raise UpstreamMalformed(exc) from None
         yield _result(ex, full, prompt, req.upstream)
+
+
+def _model(req: Request, configured: str | None) -> str | None:
+    """A LoRA adapter pushed through the proxy (vLLM serves it only to calls naming it), else the
+    configured `--upstream-model`, else (None) the harness's own."""
+    return getattr(req.upstream, "adapter", None) or configured
 
 
 def _with_model(body: dict, model: str | None) -> dict:

@@ -2,8 +2,8 @@
 builds the prompt ids itself and sends them through `/v1/completions` with a token-id prompt.
 
 The `model` of those calls is the name the upstream serves (the first id of its `/v1/models`,
-asked once per upstream): vLLM answers any other name with a 404, and the harness's own model
-name means nothing to it."""
+asked once per upstream), or the LoRA adapter last pushed to it through the proxy: vLLM answers
+any other name with a 404, and the harness's own model name means nothing to it."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ class UpstreamTokens:
 
     async def _body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> bytes:
         body: dict[str, Any] = {
-            "model": await self._served_model(params.via or self.pool), "prompt": prompt_ids, "max_tokens": params.max_tokens,
+            # a LoRA adapter pushed through the proxy is served only under its own name
+            "model": getattr(params.via, "adapter", None) or await self._served_model(params.via or self.pool),
+            "prompt": prompt_ids, "max_tokens": params.max_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "logprobs": params.top_logprobs,
             "return_token_ids": True, "return_weight_versions": True,
             # tool-call tags are special tokens in many tokenizers: keep them in the text. The weight

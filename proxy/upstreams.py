@@ -87,6 +87,7 @@ class Upstream:
         self.inflight = 0
         self.served = 0
         self.version: str | None = None  # the weight version it last confirmed (after a push)
+        self.adapter: str | None = None  # the LoRA adapter last pushed: calls name it as their model
         self.open = asyncio.Event()  # cleared while a push drains and reloads it
         self.open.set()
         self.idle = asyncio.Event()  # set while nothing is in flight
@@ -115,6 +116,11 @@ class Lease:
         """The weight version last pushed to this upstream: recorded on calls it answers without
         reporting one (vLLM's OpenAI routes report none)."""
         return self.u.version
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter last pushed to this upstream: vLLM serves it only to calls naming it."""
+        return self.u.adapter
 
     async def request(self, method: str, path: str, body: bytes | None = None,
                       headers: dict[str, str] | None = None) -> Response:

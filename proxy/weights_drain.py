@@ -57,6 +57,7 @@ async def _push_one(u: Upstream, path: str, version: str, lora: bool, drain_time
                         u.inflight, u.url, drain_timeout_s)
         await _reload(u, path, version, lora)
         u.version = await _check(u, version, lora)
+        u.adapter = version if lora else None
     finally:
         u.open.set()
     return {"url": u.url, "version": u.version, "drained": drained, "paused_s": round(time.monotonic() - t0, 3)}

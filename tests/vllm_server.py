@@ -54,15 +54,16 @@ def vllm_model_dir() -> Path:
 
 
 @contextlib.contextmanager
-def vllm_serve(model: Path, log: Path, port: int | None = None):
-    """`harnessrl vllm MODEL` (full-weight reload enabled) on a free port; yields its base URL.
+def vllm_serve(model: Path, log: Path, port: int | None = None, lora: bool = False):
+    """`harnessrl vllm MODEL` (full-weight reload enabled, or runtime LoRA loading with `lora`) on a
+    free port; yields its base URL.
     float32: the tiny model's weights as trained, so its log-probs can be checked against the
     trainer's (vLLM's CPU default would downcast to bfloat16)."""
     if not VLLM_BIN.is_file():
         pytest.fail(f"{VLLM_BIN} is missing: run scripts/install_vllm.sh (scripts/install.sh runs it)")
     port = port or free_port()
     cmd = [str(Path(sys.executable).with_name("harnessrl")), "vllm", str(model), "--port", str(port),
-           "--vllm-bin", str(VLLM_BIN), "--served-model-name", SERVED, "--dtype", "float32", "--seed", "0"]
+           "--vllm-bin", str(VLLM_BIN), "--served-model-name", SERVED, "--dtype", "float32", "--seed", "0"] + (["--lora"] if lora else [])
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
