@@ -50,7 +50,7 @@ if [ "${MITM:-1}" = 1 ] && ! .venv-mitm/bin/mitmdump --version >/dev/null 2>&1; 
   rm -rf .venv-mitm
   "$MITM_PYTHON" -m venv .venv-mitm
   .venv-mitm/bin/python -m pip install -q "mitmproxy>=11.0.2,<13"
-  echo "mitmproxy installed in .venv-mitm ($(.venv-mitm/bin/mitmdump --version | head -1))"
+  echo "mitmproxy installed in .venv-mitm ($(.venv-mitm/bin/mitmdump --version | sed -n 1p))"
 fi
 [ "${VLLM:-1}" = 1 ] && PYTHON=$PYTHON bash scripts/install_vllm.sh  # .venv-vllm: CUDA build with a GPU, else CPU
 if [ "${HARNESSES:-1}" = 1 ]; then
