@@ -46,7 +46,7 @@ def test_sticky_sessions_and_a_rolling_push_on_two_vllm(vllm_url, vllm_model_dir
             with run_proxy(ProxyConfig(db=db, upstreams=(vllm_url, second), port=0)) as proxy, \
                     HarnessRL(proxy.url) as hrl:
                 moves = []
-                for k in range(6):
+                for k in range(12):  # sessions on both servers (all on one: 2^-11 with even arcs)
                     before = served(proxy.url)
                     with hrl.rollout(task_id=f"t{k}") as ro:
                         c = openai.OpenAI(base_url=ro.base_url("main"), api_key="x", max_retries=0)
