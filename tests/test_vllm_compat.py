@@ -70,3 +70,16 @@ def test_untie_embeddings_keeps_the_function_and_gives_lm_head_its_own_weights(t
     assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(untied(ids).logits, before)
+
+
+def test_loop_upstream_that_does_not_answer_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    r = subprocess.run([sys.executable, "-m", "harnessrl", "loop", "--harness", "lookup", "--model", str(tmp_path / "m"),
+                        "--upstream", "http://127.0.0.1:9", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--upstream http://127.0.0.1:9: no model list there (ConnectError)" in r.stderr

@@ -232,6 +232,13 @@ def _proxy_config(cfg: LoopConfig, db: str, state: LoopState) -> ProxyConfig:
     drains it and reloads it from the checkpoint directory (proxy/weights_drain.py)."""
     if cfg.upstream is None:
         return ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)
+    import httpx
+
+    try:  # before any rollout: every call of the round would fail on it
+        httpx.get(cfg.upstream.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise UserError(f"--upstream {cfg.upstream}: no model list there ({type(exc).__name__}); start vLLM "
+                        "with `harnessrl vllm MODEL`") from None
     listing = cfg.out / "upstreams.txt"
     listing.write_text(cfg.upstream + "\n")
     return ProxyConfig(db=db, upstreams_file=str(listing), prefix=True, tokenizer=state.model, seed=cfg.seed, port=0)
