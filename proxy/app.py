@@ -96,8 +96,8 @@ def _route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) ->
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
-        return TokenRoute(UpstreamTokens(pool, tok, name), Prompter(tok, True), name,  # type: ignore[arg-type]
-                          cfg.default_max_tokens)
+        return TokenRoute(UpstreamTokens(pool, tok, name, cfg.upstream_model),  # type: ignore[arg-type]
+                          Prompter(tok, True), name, cfg.default_max_tokens)
     return PassThroughRoute(pool, name, cfg.upstream_model)
 
 

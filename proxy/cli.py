@@ -36,7 +36,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                                              "openai-chat (vLLM: token ids, trainable) | openai-responses | anthropic "
                                              "(text only: expert traces, never RL samples)."),
         upstream_model: str = typer.Option(None, "--upstream-model", help="Model name sent to the upstream, "
-                                           "whatever the harness asks for (a hosted teacher's model)."),
+                                           "whatever the harness asks for (a hosted teacher's model; with --prefix, "
+                                           "default: the upstream's own, from its /v1/models)."),
         upstream_ca: str = typer.Option(None, "--upstream-ca", help="CA certificate file to verify an https:// "
                                         "upstream with (default: the system's CA store)."),
         backend: str = typer.Option("upstream", "--backend", help="'upstream' or 'local' (transformers in-process)."),

@@ -100,8 +100,6 @@ class ProxyConfig:
             if self.upstream_dialect != "openai-chat" and self.prefix_mode:
                 raise UserError(f"--prefix needs token ids from the upstream; the {self.upstream_dialect} dialect "
                                 "returns text only")
-            if self.upstream_model is not None and self.prefix_mode:
-                raise UserError("--upstream-model is for pass-through and dialect upstreams, not --prefix")
             if self.upstream_ca is not None and not Path(self.upstream_ca).is_file():
                 raise UserError(f"--upstream-ca: file not found: {self.upstream_ca}")
             # OpenAI's convention is a base URL ending in /v1; the proxy adds /v1/... itself

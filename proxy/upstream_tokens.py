@@ -1,12 +1,14 @@
 """A vLLM upstream used as a token backend (prefix-consistent mode for upstreams): the proxy
 builds the prompt ids itself and sends them through `/v1/completions` with a token-id prompt.
 
-The `model` of those calls is the name the upstream serves (the first id of its `/v1/models`,
-asked once per upstream), or the LoRA adapter last pushed to it through the proxy: vLLM answers
-any other name with a 404, and the harness's own model name means nothing to it."""
+The `model` of those calls is the LoRA adapter last pushed to the upstream through the proxy, else
+`--upstream-model`, else the name the upstream serves (the first id of its `/v1/models`, asked
+once per upstream): vLLM answers any other name with a 404, and the harness's own model name
+means nothing to it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,26 +19,33 @@ from harnessrl.proxy.errors import UpstreamMalformed
 from harnessrl.proxy.httpclient import Pool
 from harnessrl.proxy.upstream import Extract, checked, sse_events, upstream_error, weight_version_of
 
+log = logging.getLogger("harnessrl.proxy")
+
 
 class UpstreamTokens:
     """generate/stream on token ids through an upstream's `/v1/completions`."""
 
-    def __init__(self, pool: Pool, tokenizer: Any, model_name: str) -> None:
+    def __init__(self, pool: Pool, tokenizer: Any, model_name: str, upstream_model: str | None = None) -> None:
         self.pool = pool
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.upstream_model = upstream_model
         self.weight_version: str | None = None  # the last one the upstream reported (vLLM: none)
         self._served: dict[str, str] = {}  # upstream URL -> the model name it serves
         self._eos_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.eos_token
 
     async def _served_model(self, pool: Any) -> str:
+        if self.upstream_model is not None:
+            return self.upstream_model
         url = getattr(pool, "url", "")
         if url not in self._served:
             try:
                 resp = await pool.request("GET", "/v1/models")
                 self._served[url] = str(orjson.loads(resp.body)["data"][0]["id"])
-            except Exception:  # noqa: BLE001 - no model list: the configured name, as before
+            except Exception as exc:  # noqa: BLE001 - no model list: the served name, asked again next call
+                log.warning("%s/v1/models gave no model name (%s: %s); asking it for %r", url, type(exc).__name__,
+                            exc, self.model_name)
                 return self.model_name
         return self._served[url]
 

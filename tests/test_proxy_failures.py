@@ -105,7 +105,7 @@ def test_token_ids_at_the_int32_bounds_are_kept_exactly():
 def test_bad_ids_from_a_token_upstream_are_a_502_and_a_failed_record(upstream, tokenizer_dir, tmp_path):
     db = str(tmp_path / "runs.db")
     cfg = ProxyConfig(db=db, upstream=upstream, port=0, prefix=True, tokenizer=str(tokenizer_dir),
-                      served_model_name="bad-ids")  # the token route asks the upstream for this model
+                      upstream_model="bad-ids")  # the token route asks the upstream for this model
     with run_proxy(cfg) as proxy:
         with pytest.raises(openai.APIStatusError) as err:
             _client(proxy.url).chat.completions.create(model="m", messages=MSGS)
