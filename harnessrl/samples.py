@@ -1,5 +1,5 @@
 """The compiled sample schema: the contract between the compiler (writes samples.parquet), the
-trainer and the viewer (read it); the README's "Sample schema" table describes each column.
+trainer and the viewer (read it); docs/compile.md's "Sample schema" table describes each column.
 
 One row of `samples.parquet` is one linear sample: a root-to-leaf path of a session prefix
 tree (docs/methods.md §2). Token-class codes are the classes of docs/methods.md §3; 0 marks
