@@ -28,8 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harnessrl.proxy.anthropic_tools import tool_choice, tool_reference, tools
-from harnessrl.proxy.errors import ProxyError, bad_request
+from harnessrl.proxy.anthropic_tools import _bad, tool_choice, tool_reference, tools
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.surface_blocks import join_think
 from harnessrl.proxy.surface_tools import Removed
@@ -40,11 +39,6 @@ _TRANSLATED = {"model", "messages", "system", "max_tokens", "temperature", "top_
                "stream", "tools", "tool_choice", "output_config"}
 _IGNORED = {"metadata", "thinking", "context_management", "service_tier", "container", "cache_control"}
 _OUTPUT_CONFIG = {"format", "effort"}
-
-
-def _bad(path: str, message: str) -> ProxyError:
-    return bad_request(f"{path}: {message}", param=path)
-
 
 
 _CHECKS = (

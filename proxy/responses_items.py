@@ -17,15 +17,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harnessrl.proxy.errors import ProxyError, bad_request
-from harnessrl.proxy.responses_tools import loaded_text, visible
+from harnessrl.proxy.responses_tools import _bad, loaded_text, visible
 from harnessrl.proxy.surface_blocks import join_think
 
 _ROLES = ("user", "system", "developer", "assistant")
-
-
-def _bad(message: str, param: str, code: str = "invalid_type") -> ProxyError:
-    return bad_request(f"{param}: {message}", param=param, code=code)
 
 
 def input_messages(items: Any, path: str, context: list | None = None) -> list[dict]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from harnessrl.proxy.errors import ProxyError, bad_request
+from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.responses_items import input_messages
-from harnessrl.proxy.responses_tools import tool_choice, tool_map
+from harnessrl.proxy.responses_tools import _bad, tool_choice, tool_map
 from harnessrl.proxy.surface_tools import REMOVED_NOTE, Removed
 from harnessrl.proxy.validate import check_chat, is_int, is_num
 
@@ -45,10 +45,6 @@ _IGNORED = {"metadata", "client_metadata", "reasoning", "truncation", "prompt_ca
             "prompt_cache_options", "service_tier", "safety_identifier", "user", "stream_options",
             "context_management", "max_tool_calls"}
 _TEXT = {"format", "verbosity"}
-
-
-def _bad(message: str, param: str, code: str = "invalid_type") -> ProxyError:
-    return bad_request(f"{param}: {message}", param=param, code=code)
 
 
 _CHECKS = (
