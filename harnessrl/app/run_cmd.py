@@ -23,7 +23,7 @@ from typing import IO
 import httpx
 from rich.console import Console
 
-from harnessrl.app.codex_home import codex_home
+from harnessrl.app.codex_home import KEY_ENV, codex_home
 from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
 from harnessrl.client import HarnessRL, HarnessRLError, Rollout
 from harnessrl.errors import UserError
@@ -64,7 +64,7 @@ def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Intercepto
     # ANTHROPIC_BASE_URL without /v1: the official SDKs append /v1/messages, the Vercel AI SDK
     # (OpenCode) appends /messages, and the proxy serves both paths
     env = {"HARNESSRL_PROXY": proxy_url, "HARNESSRL_ROLLOUT": ro.id, "HARNESSRL_AGENT": agent,
-           "HARNESSRL_BASE_URL": base, "HARNESSRL_KEY": key, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
+           "HARNESSRL_BASE_URL": base, KEY_ENV: key, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
            "ANTHROPIC_BASE_URL": base.removesuffix("/v1")}
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         if not os.environ.get(name):
