@@ -92,11 +92,14 @@ def _clip(text: str, n: int = PREVIEW) -> str:
     return flat if len(flat) <= n else flat[: n - 1] + "…"
 
 
+def _tool_call(tc: dict[str, Any]) -> dict[str, Any]:
+    f = tc["function"] if isinstance(tc.get("function"), dict) else {}
+    return {"name": f.get("name"), "arguments": f.get("arguments")}
+
+
 def _message_view(m: dict[str, Any]) -> dict[str, Any]:
     listed = m.get("tool_calls")
-    functions = [tc["function"] if isinstance(tc.get("function"), dict) else {}
-                 for tc in (listed if isinstance(listed, list) else []) if isinstance(tc, dict)]
-    calls = [{"name": f.get("name"), "arguments": f.get("arguments")} for f in functions]
+    calls = [_tool_call(tc) for tc in (listed if isinstance(listed, list) else []) if isinstance(tc, dict)]
     raw = m.get("content")
     # content blocks without text (tool_use, tool_result of a surface's own body) as their JSON
     content = content_text(raw) or ("" if raw in (None, "", []) else json.dumps(raw, ensure_ascii=False))
@@ -214,8 +217,7 @@ def _call_view(c: Any, ct: CallTokens | None, classes: np.ndarray | None, lab: L
                process: dict[str, float], added_from: int, messages: list[Any],
                tools_same_as: str | None) -> dict[str, Any]:
     completion = ct.completion if ct is not None else None
-    tool_calls = [_message_view({"tool_calls": [tc]})["tool_calls"][0] for tc in c.tool_calls or []
-                  if isinstance(tc, dict)]
+    tool_calls = [_tool_call(tc) for tc in c.tool_calls or [] if isinstance(tc, dict)]
     tools = (c.request.get("tools") if isinstance(c.request, dict) else None) or []
     return {
         "id": c.id, "seq": c.seq, "agent": c.agent, "session_id": c.session_id,
