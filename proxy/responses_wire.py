@@ -135,21 +135,20 @@ class ResponsesWire:
             if self._kind(b) != "function":  # streamed whole once complete (see the module's doc)
                 return b""
             return self._event("response.function_call_arguments.delta", **at, delta=e.piece)
+        item = self._item(i, b, "completed")
         if b.kind == "text":
             out = self._event("response.output_text.done", **at, content_index=0, text=b.text, logprobs=[])
             out += self._event("response.content_part.done", **at, content_index=0, part=self._part(b.text))
         elif b.kind == "reasoning":
             out = self._event("response.reasoning_text.done", **at, content_index=0, text=b.text)
         elif self._kind(b) == "custom":
-            item = self._item(i, b, "completed")
             out = self._event("response.custom_tool_call_input.delta", **at, delta=item["input"])
             out += self._event("response.custom_tool_call_input.done", **at, input=item["input"])
         elif self._kind(b) == "tool_search":  # its arguments are an object: in the item alone
             out = b""
         else:
-            item = self._item(i, b, "completed")
             out = self._event("response.function_call_arguments.done", **at, name=item["name"], arguments=b.text)
-        return out + self._event("response.output_item.done", output_index=i, item=self._item(i, b, "completed"))
+        return out + self._event("response.output_item.done", output_index=i, item=item)
 
     def warmup(self) -> bytes:
         """The events of a WebSocket warm-up (`generate: false`): a response without output."""
