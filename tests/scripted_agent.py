@@ -4,7 +4,8 @@ Qwen/hermes chat template), so it works the same for chat requests and for the t
 completions of the proxy's prefix mode.
 
 - A request with tools and no tool result yet: one tool call running SHELL_COMMAND through the
-  harness's own shell tool (Claude Code's `Bash`, OpenCode's and mini-swe-agent's `bash`, Codex's
+  harness's own shell tool (preceded by a scripted command, e.g. an edit, when the task names one
+  of `commands`: (needle, shell line) pairs, the first needle found in the user's turns) (Claude Code's `Bash`, OpenCode's and mini-swe-agent's `bash`, Codex's
   `exec_command` / `shell` / code-mode `exec`), or a handoff (`transfer_to_*`) first when the
   harness offers one, or else its first tool with arguments made from the schema.
 - A tool result back: mini-swe-agent's finishing command if the harness asks for one, else a final
@@ -56,19 +57,27 @@ def _string_params(tool: dict) -> list[str]:
     return [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
 
 
-def _shell_call(tools: list[dict]) -> str | None:
+def _command(turns: list[tuple[str, str]], commands: tuple[tuple[str, str], ...]) -> str:
+    """SHELL_COMMAND, after the scripted command of the first needle the user's turns hold (the
+    marker still printed last, so the answer and mini-swe-agent's submit work as without one)."""
+    asked = "\n".join(text for role, text in turns if role == "user")
+    scripted = next((command for needle, command in commands if needle in asked), None)
+    return f"{scripted}; {SHELL_COMMAND}" if scripted else SHELL_COMMAND
+
+
+def _shell_call(tools: list[dict], command: str) -> str | None:
     by_name = {_short(t.get("name", "")): t for t in tools}
     if (t := by_name.get("Bash")) or (t := by_name.get("bash")):
-        args = {"command": SHELL_COMMAND}
+        args = {"command": command}
         if "description" in ((t.get("parameters") or {}).get("required") or []):
             args["description"] = "Print a marker"  # OpenCode's bash requires it
         return _call(t["name"], args)
     if t := by_name.get("exec_command"):
-        return _call(t["name"], {"cmd": SHELL_COMMAND})
+        return _call(t["name"], {"cmd": command})
     if t := by_name.get("shell"):
-        return _call(t["name"], {"command": ["bash", "-lc", SHELL_COMMAND]})
+        return _call(t["name"], {"command": ["bash", "-lc", command]})
     if (t := by_name.get("exec")) and _string_params(t):  # Codex's code mode: JavaScript calling its shell tool
-        code = f"const r = await tools.exec_command({{cmd: {json.dumps(SHELL_COMMAND)}}});\ntext(r);"
+        code = f"const r = await tools.exec_command({{cmd: {json.dumps(command)}}});\ntext(r);"
         return _call(t["name"], {_string_params(t)[0]: code})
     return None
 
@@ -113,7 +122,7 @@ def _aider_listing(turns: list[tuple[str, str]]) -> str:
     return f"I will make the change.\n\n{name}\n```\n{content}```\n"
 
 
-def answer(prompt: str, response_format: dict | None = None) -> str:
+def answer(prompt: str, response_format: dict | None = None, commands: tuple[tuple[str, str], ...] = ()) -> str:
     """The reply text (hermes tool calls in it) to a rendered prompt."""
     turns, tools = _turns(prompt), _tools(prompt)
     if response_format and response_format.get("type") in ("json_schema", "json_object"):
@@ -129,7 +138,7 @@ def answer(prompt: str, response_format: dict | None = None) -> str:
             others = [t for t in tools if t not in handoffs]
             if handoffs and not called.startswith("transfer_to_"):
                 return _call(handoffs[0]["name"], {})
-            if shell := _shell_call(others):
+            if shell := _shell_call(others, _command(turns, commands)):
                 return shell
             if others:
                 return _call(others[0]["name"], _from_schema(others[0].get("parameters") or {}))

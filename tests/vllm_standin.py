@@ -29,15 +29,19 @@ was sent in `app.state.auth_seen`. Given `served` names (`--served-model-name`) 
 Scripted mode (`--scripted`, `create_app(..., scripted=True)`): the reply is what
 tests/scripted_agent.py answers to the rendered prompt, so a real harness (Claude Code, Codex, ...)
 runs its agent loop to the end: a call of its shell tool, then an answer quoting the output.
+`--commands FILE` (JSON [[needle, shell line], ...]): the shell call of a task holding a needle
+runs that line first (a scripted edit, tests/test_coding_cli.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import time
 import zlib
+from pathlib import Path
 
 import orjson
 from fastapi import FastAPI
@@ -55,10 +59,12 @@ def _err(status: int, message: str, type_: str = "BadRequestError") -> Response:
 
 
 class StandIn:
-    def __init__(self, tokenizer_dir: str, scripted: bool = False, served: tuple[str, ...] | None = None) -> None:
+    def __init__(self, tokenizer_dir: str, scripted: bool = False, served: tuple[str, ...] | None = None,
+                 commands: tuple[tuple[str, str], ...] = ()) -> None:
         from transformers import AutoTokenizer
 
         self.scripted = scripted
+        self.commands = commands
         self.served = served
         self.tok = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.version = WEIGHT_VERSION  # changed by a reload (vLLM's reload_weights / load_lora_adapter)
@@ -87,7 +93,7 @@ class StandIn:
         if got is not None:
             return got
         if self.scripted:
-            text = scripted_answer(self.tok.decode(prompt_ids), response_format)
+            text = scripted_answer(self.tok.decode(prompt_ids), response_format, self.commands)
         else:
             text = self._free_text(prompt_ids)
         ids: list[int] = []
@@ -353,8 +359,8 @@ def _usage(prompt: list[int], ids: list[int]) -> dict:
 
 
 def create_app(tokenizer_dir: str, api_key: str | None = None, scripted: bool = False,
-               served: tuple[str, ...] | None = None) -> FastAPI:
-    s = StandIn(tokenizer_dir, scripted, served)
+               served: tuple[str, ...] | None = None, commands: tuple[tuple[str, str], ...] = ()) -> FastAPI:
+    s = StandIn(tokenizer_dir, scripted, served, commands)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.auth_seen = []
     if api_key is not None:
@@ -400,8 +406,11 @@ def main() -> None:
     ap.add_argument("--scripted", action="store_true", help="answer like an agent (tests/scripted_agent.py)")
     ap.add_argument("--served-model-name", action="append", default=None,
                     help="refuse other model names with vLLM's 404 (repeatable)")
+    ap.add_argument("--commands", default=None, help="scripted mode: JSON [[needle, shell line], ...] (scripted_agent.py)")
     args = ap.parse_args()
-    app = create_app(args.tokenizer, args.api_key, args.scripted, tuple(args.served_model_name or ()) or None)
+    commands = tuple(tuple(pair) for pair in json.loads(Path(args.commands).read_text())) if args.commands else ()
+    app = create_app(args.tokenizer, args.api_key, args.scripted, tuple(args.served_model_name or ()) or None,
+                     commands)
     uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
                 access_log=False, backlog=4096)
 
