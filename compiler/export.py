@@ -15,7 +15,8 @@ the outcome (`missing_outcome="skip"`, the default) or scored 0 (`"zero"`). Roll
 harness was answered an error (a refused or failed call: `Rollout.errors`) are left out the same
 way (`on_call_error="drop"`, the default): the harness did not run as it was meant to, so its
 outcome says nothing about the policy, and as a group member it would shift every other
-member's advantage (two refused rollouts scored 0 gave the third A = +1.155).
+member's advantage (two refused rollouts scored 0 gave the third A = +1.155). Rollouts finished
+as `failed` (a crash, a timeout, a lost node, an attempt that was retried) are not read at all.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Compiler:
         start = time.perf_counter()
         o = self.opts
         o.out.mkdir(parents=True, exist_ok=True)
-        rollouts = self.reader.select_rollouts(o.rollouts, o.run, o.since)
+        rollouts = self.reader.select_rollouts(o.rollouts, o.run, o.since, skip_failed=True)
         self.reader.load_tasks({t for _, t, _ in rollouts if t}, self.tasks)
         writer = SampleWriter(o.out / "samples.parquet", o.flush_tokens)
         batches = list(group_batches(rollouts, o.batch_rollouts))

@@ -90,8 +90,12 @@ class Reader:
 
     # -- selection and side tables ----------------------------------------------------------
     def select_rollouts(self, rollouts: tuple[str, ...] = (), run: str | None = None,
-                        since: str | None = None) -> list[Selected]:
+                        since: str | None = None, skip_failed: bool = False) -> list[Selected]:
+        """`skip_failed`: leave out rollouts finished as failed (a crash, a timeout, a lost node, an
+        attempt that was retried): they did not run to their end, and do not count."""
         q = select(Rollout.id, Rollout.task_id, Rollout.group_id)
+        if skip_failed:
+            q = q.where(Rollout.status != "failed")
         if rollouts:
             q = q.where(Rollout.id.in_(list(rollouts)))
         if run:

@@ -39,8 +39,8 @@ class Rollout:
     def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
         self._client.process_reward(call_id, value, name, metadata)
 
-    def finish(self) -> dict:
-        return self._client._post(f"/harnessrl/rollouts/{self.id}/finish", {})
+    def finish(self, error: str | None = None) -> dict:
+        return self._client.finish(self.id, error)
 
     def get(self) -> dict:
         """The rollout with its calls and rewards (no token arrays)."""
@@ -84,8 +84,9 @@ class HarnessRL:
         """The outcome reward of a running rollout (a finished one takes no more: 409)."""
         self._post(f"/harnessrl/rollouts/{rollout_id}/reward", {"value": value, "name": name, "metadata": metadata})
 
-    def finish(self, rollout_id: str) -> dict:
-        return self._post(f"/harnessrl/rollouts/{rollout_id}/finish", {})
+    def finish(self, rollout_id: str, error: str | None = None) -> dict:
+        """Finish the rollout; with `error` (a crash, a timeout, a lost node), as `failed`: compile leaves it out."""
+        return self._post(f"/harnessrl/rollouts/{rollout_id}/finish", {"error": error} if error else {})
 
     def process_reward(self, call_id: str, value: float, name: str = "process", metadata: dict | None = None) -> None:
         self._post(f"/harnessrl/calls/{call_id}/reward", {"value": value, "name": name, "metadata": metadata})

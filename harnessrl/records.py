@@ -85,7 +85,7 @@ class Rollout(Base):
     run: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # e.g. a loop round
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # status and created_at are indexed: the trace viewer filters and sorts 100k rollouts on them
-    status: Mapped[str] = mapped_column(String(16), default="running", index=True)  # running | finished
+    status: Mapped[str] = mapped_column(String(16), default="running", index=True)  # running | finished | failed (does not count: compile leaves it out)
     next_seq: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -18,6 +18,12 @@ class CreateRollout(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
+class FinishIn(BaseModel):
+    # why the rollout failed (a crash, a timeout, a lost node): it is finished as `failed`, which
+    # compile leaves out; absent, the rollout simply finishes
+    error: str | None = None
+
+
 class RewardIn(BaseModel):
     value: float
     name: str | None = None

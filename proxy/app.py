@@ -28,7 +28,7 @@ from starlette.responses import Response
 from harnessrl.db import open_db
 from harnessrl.sampling_policy import load_policy
 from harnessrl.proxy.anthropic_wire import MESSAGES
-from harnessrl.proxy.api_bodies import CreateRollout, RewardIn, WeightsIn
+from harnessrl.proxy.api_bodies import CreateRollout, FinishIn, RewardIn, WeightsIn
 from harnessrl.proxy.backend import TokenBackend
 from harnessrl.proxy.callrows import new_call_id
 from harnessrl.proxy.config import ProxyConfig
@@ -287,9 +287,9 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         return _json({"id": rid, "call_id": call_id, "kind": "process", "value": body.value})
 
     @app.post("/harnessrl/rollouts/{rollout_id}/finish", dependencies=[api])
-    async def finish_rollout(rollout_id: str):
+    async def finish_rollout(rollout_id: str, body: FinishIn | None = None):
         check_id("rollout", rollout_id)
-        r = await run_in_threadpool(store.finish, rollout_id)
+        r = await run_in_threadpool(store.finish, rollout_id, body.error if body else None)
         statuses.set(r.id, r.status)
         state["serving"].index.forget(r.id)  # here, on the event loop thread that owns the index
         return _json(rollout_json(r))

@@ -83,12 +83,18 @@ class Rollouts:
             raise ProxyError(409, f"rollout {rollout_id!r} is finished: rewards are taken while it runs",
                              code="rollout_finished")
 
-    def finish(self, rollout_id: str) -> Rollout:
+    def finish(self, rollout_id: str, error: str | None = None) -> Rollout:
+        """Finish a running rollout; with `error`, mark it `failed` (also one that had finished:
+        whoever runs the rollouts decided it does not count, e.g. a retried attempt), the reason
+        kept in its metadata."""
         with self.Session.begin() as s:
             r = s.get(Rollout, rollout_id)
             if r is None:
                 raise _not_found("rollout", rollout_id)
-            if r.status != "finished":
+            if error is not None and r.status != "failed":
+                r.meta = {**(r.meta or {}), "error": error[:1000]}
+                r.status, r.finished_at = "failed", r.finished_at or time.time()
+            elif r.status == "running":
                 r.status, r.finished_at = "finished", time.time()
             return r
 

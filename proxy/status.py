@@ -1,6 +1,6 @@
 """Which rollouts a call may go to, without a DB read per call.
 
-A bounded LRU of rollout id → status. "finished" is final, so a cached "finished" is always
+A bounded LRU of rollout id → status. "finished" (and "failed") is final, so a cached one is always
 right; a cached "running" may be stale (finished through another proxy): that is caught where
 it matters, when the call is committed (`callrows`), and the cache is corrected then. A rollout
 id seen for the first time is created (running, no task) unless the proxy runs with
@@ -60,5 +60,5 @@ class RolloutStatus:
             self.set(rollout_id, status)
         else:
             self._known.move_to_end(rollout_id)
-        if status == "finished":
+        if status != "running":  # finished, or failed
             raise finished(rollout_id)

@@ -2,7 +2,7 @@
 # Set up a venv with harnessrl and its test tools.
 #   VENV    where (default .venv)
 #   PYTHON  the interpreter (default python3.11; any of requires-python's 3.11–3.13 works)
-#   EXTRAS  extras to install (default dev,examples; CI's second-interpreter venv uses dev)
+#   EXTRAS  extras to install (default dev,examples,ray; CI's second-interpreter venv uses dev)
 #   MITM    1 (default): also make .venv-mitm, mitmproxy's own venv for `harnessrl intercept`/`run`
 #   HARNESSES 1 (default): also install the real harnesses of harnesses.lock (scripts/install_harnesses.sh)
 # On a machine without an NVIDIA GPU, torch==2.13.0 goes in first: pip takes the CPU build where
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
-EXTRAS=${EXTRAS:-dev,examples}
+EXTRAS=${EXTRAS:-dev,examples,ray}  # ray: `loop --executor ray` and its tests (~7 s, ~240 MB)
 # A pyenv shim exists even where it cannot run (version not selected): check that it runs.
 "$PYTHON" -c "import sys" 2>/dev/null || PYTHON=python3
 

@@ -19,7 +19,7 @@ from harnessrl.errors import UserError
 from harnessrl.records import Call, Reward, Rollout
 
 PER_PAGE_MAX = 200
-STATUSES = ("running", "finished")
+STATUSES = ("running", "finished", "failed")
 
 
 def _outcome_kind():
