@@ -102,6 +102,13 @@ def loop(
     lr: float = typer.Option(1e-4, help="Learning rate."),
     temperature: float = typer.Option(1.0, help="Sampling temperature of training rollouts."),
     concurrency: int = typer.Option(8, help="Rollouts in flight at once."),
+    executor: str = typer.Option("local", "--executor", help="Where rollouts run: local (threads of this process) | "
+                                 "ray (each a Ray task on any node of a Ray cluster; the `ray` extra)."),
+    ray_address: str = typer.Option(None, "--ray-address", help="--executor ray: the cluster's head, HOST:PORT (its "
+                                    "GCS port) or auto; default: a new one-node Ray here."),
+    rollout_deadline: float = typer.Option(None, "--rollout-deadline", help="Seconds after which a rollout still "
+                                           "out is given up and counted as failed (a backstop above the harness's own "
+                                           "timeout; default 3600)."),
     seed: int = typer.Option(0, help="Seed of tasks, sampling and training."),
     teacher: str = typer.Option(None, "--teacher", help="A stronger model's base URL: a warm-up round runs the "
                                 "harness against it first, and its best rollouts become expert traces (SFT warm "
@@ -131,7 +138,8 @@ def loop(
                         algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
                         batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed,
-                        upstream=upstream,
+                        upstream=upstream, executor=executor, ray_address=ray_address,
+                        rollout_deadline=rollout_deadline,
                         train_config=train_config))
 
 

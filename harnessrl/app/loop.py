@@ -5,7 +5,12 @@ compiles exactly that run, trains the chosen objective on it, pushes the checkpo
 proxy's local backend and evaluates the held-out tasks greedily (`run=eval-<r>-a<attempt>`).
 The round state lives in `<out>/loop_state.json` and is written after every finished round, so
 a crashed loop resumes at the round it was in: the new attempt gets a fresh run tag, and the
-interrupted attempt's records are left in the DB but never compiled.
+interrupted attempt's rollouts are finished as failed and never compiled.
+
+Rollouts run on an executor (`executors.py`): threads here (`--executor local`, `--concurrency`
+at a time) or Ray tasks on a cluster's nodes (`--executor ray`). After each batch the rollouts of
+its run tag that the batch did not count are finished as failed, and compile reads exactly the
+counted ones: one per task and sample, however often an attempt was redone.
 
 With a teacher (`--teacher URL`), a warm-up round comes first: the same harness on the training
 tasks through a proxy whose upstream is the teacher (`run=teacher-a<attempt>`), its best rollouts
@@ -27,12 +32,12 @@ from rich.table import Table
 from transformers.utils import logging as hf_logging
 
 from harnessrl.algorithms import get_algorithm
+from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, settle
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.export import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
 from harnessrl.errors import UserError
-from harnessrl.harness_examples.runner import run_many
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.trainer.capo_partition import build_partition, write_outputs
 from harnessrl.trainer.config import TrainConfig, config_dict, load_config
@@ -69,6 +74,12 @@ class LoopConfig:
     teacher: Teacher | None = None  # a warm-up round against a stronger model first
     train_config: Path | None = None  # YAML of further trainer options (`harnessrl train --config`) for every round
     upstream: str | None = None  # a vLLM serving `model` (`harnessrl vllm`): rollouts go to it, pushes reload it
+    executor: str = "local"  # where rollouts run: local (threads here) | ray (tasks on a Ray cluster's nodes)
+    ray_address: str | None = None  # --executor ray: the cluster's head (HOST:PORT, or auto); default: a new local one
+    rollout_deadline: float | None = None  # seconds before a rollout is given up (default: DEFAULT_DEADLINE)
+
+
+DEFAULT_DEADLINE = 3600.0  # the executor's backstop when no per-rollout timeout is given: a hung rollout ends the wait
 
 
 @dataclass
@@ -96,6 +107,7 @@ class RoundRow:
     checkpoint: str
     eval_validity: float = 0.0  # tool-call validity on the held-out tasks
     eval_metrics: dict[str, float] = field(default_factory=dict)  # means of the harness's metrics, held out
+    failed: int = 0  # training rollouts that failed (crash, timeout, lost node): in no mean, never a 0 reward
 
 
 @dataclass
@@ -121,6 +133,9 @@ class LoopState:
 
 
 def _summary(results: list[Any]) -> tuple[float, float, float]:
+    """Mean reward, success and tool-call validity of the rollouts that ran to their end (a failed
+    one has an error and no reward: it is not a 0)."""
+    results = [r for r in results if not r.error]
     if not results:
         return 0.0, 0.0, 0.0
     reward = sum(r.outcome for r in results) / len(results)
@@ -140,12 +155,18 @@ def _means(results: list[Any]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
-def _rollouts(h: HarnessTasks, url: str, tasks: list[Any], group: int, run_tag: str, temperature: float,
-              concurrency: int, label: str) -> list[Any]:
-    def one(task):
-        return h.run(url, task, f"{run_tag}/{h.task_id(task)}", run_tag, temperature)
+def _rollouts(ex: Executor, h: HarnessTasks, url: str, tasks: list[Any], group: int, run_tag: str,
+              temperature: float, label: str) -> list[Any]:
+    """`group` rollouts of every task on the executor; then the run tag's rollouts that no result
+    counts (an attempt redone, given up, lost with its node) are finished as failed."""
+    results = ex.map(h.run, url, jobs_for(h, tasks, group, run_tag, temperature), label)
+    settle(url, run_tag, results)
+    return results
 
-    return run_many(one, tasks, group, concurrency, label=label)
+
+def _deadline(cfg: LoopConfig) -> float:
+    """The executor's backstop: above the harness's own per-rollout timeout, where it has one."""
+    return cfg.rollout_deadline if cfg.rollout_deadline is not None else DEFAULT_DEADLINE
 
 
 def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
@@ -159,6 +180,8 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     src = TaskSource(cfg.tasks, cfg.corpus, cfg.out, cfg.n_tasks, cfg.eval_fraction, cfg.seed)
     if bool(cfg.cmd) == bool(cfg.harness):
         raise UserError("give either --harness NAME or --cmd \"PROGRAM ... {task}\"")
+    if cfg.intercept and cfg.executor != "local":
+        raise UserError("--intercept runs one mitmdump on this machine: use it with --executor local")
     if cfg.cmd:
         from harnessrl.app.cmd_harness import cmd_harness
 
@@ -172,23 +195,33 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     # a bad --train-config fails now, not after the first round's rollouts (CAPO's partition is made later)
     _train_config(cfg, cfg.out, cfg.model, cfg.out, 0, cfg.partition or "made from round data")
     state_path = cfg.out / "loop_state.json"
+    resumed = state_path.exists()
     state = LoopState.load(state_path, cfg.model)
     if state.rounds:
         console.print(f"resuming after round {state.rounds[-1]['round']} from {state.model}")
+    with open_executor(cfg.executor, cfg.concurrency, _deadline(cfg), cfg.ray_address) as ex:
+        _run_rounds(cfg, ex, h, algo, db, state, state_path, resumed, console)
+    plot_curves(state, cfg.out / "curves.png")
+    return state
 
+
+def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: str, state: LoopState,
+                state_path: Path, resumed: bool, console: Console) -> None:
     if cfg.teacher is not None and state.teacher is None:
         state.attempts += 1
         state.save(state_path)
-        state.teacher = _teacher_round(cfg, cfg.teacher, h, db, state, f"teacher-a{state.attempts}", console)
+        state.teacher = _teacher_round(cfg, ex, cfg.teacher, h, db, state, f"teacher-a{state.attempts}", console)
         state.save(state_path)
-    with run_proxy(_proxy_config(cfg, db, state)) as proxy, \
+    with run_proxy(_proxy_config(cfg, db, state, ex.proxy_host)) as proxy, \
             (h.around(proxy.url) if h.around else nullcontext()):
+        if resumed and len(state.rounds) < cfg.rounds:
+            _fail_interrupted(proxy.url, len(state.rounds), state.attempts)
         if cfg.upstream is not None and state.rounds:
             # resumed: the upstream may serve an older model (restarted since); the local backend
             # starts on state.model itself
             push(proxy.url, Path(state.model), state.rounds[-1]["version"])
         if state.initial_eval is None:
-            results = _rollouts(h, proxy.url, h.eval, 1, "eval-initial", 0.0, cfg.concurrency, "eval (start)")
+            results = _rollouts(ex, h, proxy.url, h.eval, 1, "eval-initial", 0.0, "eval (start)")
             _, state.initial_eval, state.initial_validity = _summary(results)
             state.initial_metrics = _means(results)
             state.save(state_path)
@@ -197,13 +230,13 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             state.attempts += 1
             state.save(state_path)
             tag = f"round-{r}-a{state.attempts}"
-            results = _rollouts(h, proxy.url, h.train, cfg.group, tag, cfg.temperature, cfg.concurrency,
-                                f"round {r} rollouts")
+            results = _rollouts(ex, h, proxy.url, h.train, cfg.group, tag, cfg.temperature, f"round {r} rollouts")
             reward, success, validity = _summary(results)
             samples_dir = cfg.out / tag / "samples"
+            # exactly the counted rollouts (where the results name them), of this run tag only
             stats = Compiler(db, CompileOptions(out=samples_dir, advantage=algo.advantage,
                                                 train_agents=algo.train_agents, run=tag, reward=cfg.reward,
-                                                tokenizer=cfg.model)).run()
+                                                tokenizer=cfg.model, rollouts=counted(results) or ())).run()
             totals = stats["totals"]
             partition = cfg.partition
             if cfg.algo == "capo" and partition is None:
@@ -212,26 +245,38 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
             (cfg.out / tag / "train_config.json").write_text(json.dumps(config_dict(train_cfg), indent=2))
             result = train(train_cfg)
             version = push(proxy.url, result.checkpoint, result.version)
-            held = _rollouts(h, proxy.url, h.eval, 1, f"eval-{r}-a{state.attempts}", 0.0, cfg.concurrency,
-                             f"round {r} eval")
+            held = _rollouts(ex, h, proxy.url, h.eval, 1, f"eval-{r}-a{state.attempts}", 0.0, f"round {r} eval")
             _, held_success, held_validity = _summary(held)
             row = RoundRow(r, reward, success, validity, held_success, int(totals.get("tokens_recorded", 0)),
                            int(totals.get("samples", 0)), time.perf_counter() - started, version,
-                           str(result.checkpoint), held_validity, _means(held))
+                           str(result.checkpoint), held_validity, _means(held), sum(1 for x in results if x.error))
             state.rounds.append(asdict(row))
             state.model = str(result.checkpoint)
             state.save(state_path)
             console.print(round_table(state))
-    plot_curves(state, cfg.out / "curves.png")
-    return state
 
 
-def _proxy_config(cfg: LoopConfig, db: str, state: LoopState) -> ProxyConfig:
+def _fail_interrupted(url: str, r: int, attempt: int) -> None:
+    """The rollouts a killed attempt at round r left running (its round and eval run tags) are
+    finished as failed: they never count, and a straggler's calls to them are refused."""
+    from harnessrl.app.run_cmd import proxy_key
+    from harnessrl.client import HarnessRL
+
+    with HarnessRL(url, api_key=proxy_key()) as client:
+        for tag in (f"round-{r}-a{attempt}", f"eval-{r}-a{attempt}"):
+            for ro in client.list_rollouts(run=tag):
+                if ro["status"] == "running":
+                    client.finish(ro["id"], error=f"interrupted: the loop stopped during attempt {attempt} of "
+                                                  f"round {r}; the round was run again")
+
+
+def _proxy_config(cfg: LoopConfig, db: str, state: LoopState, host: str) -> ProxyConfig:
     """The local backend, or the vLLM upstream in prefix mode (the proxy's own prompt ids, sent
     under the name vLLM serves) through an upstreams file of one URL, so that each round's push
-    drains it and reloads it from the checkpoint directory (proxy/weights_drain.py)."""
+    drains it and reloads it from the checkpoint directory (proxy/weights_drain.py). It listens on
+    `host`: the executor's, an address where the rollouts reach it (a Ray node's, for Ray)."""
     if cfg.upstream is None:
-        return ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0)
+        return ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0, host=host)
     import httpx
 
     try:  # before any rollout: every call of the round would fail on it
@@ -241,7 +286,8 @@ def _proxy_config(cfg: LoopConfig, db: str, state: LoopState) -> ProxyConfig:
                         "with `harnessrl vllm MODEL`") from None
     listing = cfg.out / "upstreams.txt"
     listing.write_text(cfg.upstream + "\n")
-    return ProxyConfig(db=db, upstreams_file=str(listing), prefix=True, tokenizer=state.model, seed=cfg.seed, port=0)
+    return ProxyConfig(db=db, upstreams_file=str(listing), prefix=True, tokenizer=state.model, seed=cfg.seed, port=0,
+                       host=host)
 
 
 def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int, partition: str | None) -> TrainConfig:
@@ -251,13 +297,13 @@ def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int,
         lr=cfg.lr, seed=cfg.seed + r, temperature=cfg.temperature, partition=partition))
 
 
-def _teacher_round(cfg: LoopConfig, t: Teacher, h: HarnessTasks, db: str, state: LoopState, tag: str,
+def _teacher_round(cfg: LoopConfig, ex: Executor, t: Teacher, h: HarnessTasks, db: str, state: LoopState, tag: str,
                    console: Console) -> dict[str, Any]:
     """The training tasks through the teacher; its best rollouts as traces; SFT on them."""
     teacher = ProxyConfig(db=db, upstream=t.url, upstream_api_key=t.key, upstream_dialect=t.dialect,
-                          upstream_model=t.model, upstream_ca=t.ca, port=0)
+                          upstream_model=t.model, upstream_ca=t.ca, port=0, host=ex.proxy_host)
     with run_proxy(teacher) as proxy, (h.around(proxy.url) if h.around else nullcontext()):
-        results = _rollouts(h, proxy.url, h.train, 1, tag, 0.0, cfg.concurrency, "teacher round")
+        results = _rollouts(ex, h, proxy.url, h.train, 1, tag, 0.0, "teacher round")
     traces, stats = collect(db, run=tag, min_reward=t.min_reward)
     write_db(db, traces)
     traces_file = cfg.out / "teacher_traces.jsonl"
@@ -279,14 +325,15 @@ def _capo_partition(samples_dir: Path, model: str, out: Path) -> Path:
 
 def round_table(state: LoopState) -> Table:
     table = Table(title="harnessrl loop")
-    for col in ("round", "reward", "success", "tool-call validity", "eval success", "tokens", "samples", "time (s)", "weights"):
+    for col in ("round", "reward", "success", "tool-call validity", "eval success", "tokens", "samples", "failed",
+                "time (s)", "weights"):
         table.add_column(col, justify="right")
     if state.initial_eval is not None:
-        table.add_row("start", "", "", "", f"{state.initial_eval:.3f}", "", "", "", "base")
+        table.add_row("start", "", "", "", f"{state.initial_eval:.3f}", "", "", "", "", "base")
     for row in state.rounds:
         table.add_row(str(row["round"]), f"{row['train_reward']:.3f}", f"{row['train_success']:.3f}",
                       f"{row['tool_validity']:.3f}", f"{row['eval_success']:.3f}", str(row["tokens"]),
-                      str(row["samples"]), f"{row['seconds']:.1f}", row["version"])
+                      str(row["samples"]), str(row.get("failed", 0)), f"{row['seconds']:.1f}", row["version"])
     return table
 
 
