@@ -62,7 +62,7 @@ def _command(turns: list[tuple[str, str]], commands: tuple[tuple[str, str], ...]
     marker still printed last, so the answer and mini-swe-agent's submit work as without one)."""
     asked = "\n".join(text for role, text in turns if role == "user")
     scripted = next((command for needle, command in commands if needle in asked), None)
-    return f"{scripted}; {SHELL_COMMAND}" if scripted else SHELL_COMMAND
+    return f"{scripted}\n{SHELL_COMMAND}" if scripted else SHELL_COMMAND  # a line of its own: it may end a here-document
 
 
 def _shell_call(tools: list[dict], command: str) -> str | None:

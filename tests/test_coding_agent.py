@@ -4,7 +4,6 @@ stand-in, which calls the agent's bash tool with a scripted edit (tests/scripted
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from coding_edits import fix_command, needle, wrong_command
 
 from harnessrl.harness_examples.coding.agent import OUTPUT_LIMIT, Tools, clip
 from harnessrl.harness_examples.coding.tasks import generate
@@ -102,28 +102,21 @@ def test_an_unreachable_proxy_is_one_line_and_a_failed_run(tmp_path):
 @pytest.fixture(scope="module")
 def scripted_proxy(tokenizer_dir, tmp_path_factory):
     """The proxy (prefix mode) over the scripted stand-in, which fixes task 0 and only touches
-    task 1 (a comment appended): the statements' goal sentences are the needles."""
+    task 1 (a comment appended; tests/coding_edits.py)."""
     from vllm_standin import create_app, run_standin
 
     from harnessrl.proxy.config import ProxyConfig
     from harnessrl.proxy.server import run_proxy
 
     train, _ = generate(2, 0, seed=3)
-    (fixed_path, fixed_text), = train[0]["reference"].items()
-    (other_path, _), = train[1]["reference"].items()
-    commands = ((_needle(train[0]), f"printf %s {base64.b64encode(fixed_text.encode()).decode()} | base64 -d > {fixed_path}"),
-                (_needle(train[1]), f"printf '\\n# looked at it\\n' >> {other_path}"))
+    assert needle(train[0]) != needle(train[1])
+    commands = ((needle(train[0]), fix_command(train[0])), (needle(train[1]), wrong_command(train[1])))
     app = create_app(str(tokenizer_dir), scripted=True, served=("hrl-scripted",), commands=commands)
     db = tmp_path_factory.mktemp("agent") / "runs.db"
     with run_standin(str(tokenizer_dir), app) as upstream, \
             run_proxy(ProxyConfig(db=str(db), upstream=upstream, prefix=True, tokenizer=str(tokenizer_dir),
                                   port=0)) as proxy:
         yield proxy.url, train, db
-
-
-def _needle(row: dict) -> str:
-    """The goal sentence of a coding task's statement (names its function and module)."""
-    return row["input"].split(". ", 1)[1].split(". ")[0]
 
 
 def _run_agent(proxy_url: str, row: dict, work: Path) -> subprocess.CompletedProcess:
