@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_fixtures import make_rows, write_samples
+from trainer_fixtures import make_rows, one_step, write_samples
 
 from harnessrl.trainer.data import aggregate, collate
 from harnessrl.trainer.normalise import row_weights, token_weights, weighted_sum
@@ -72,34 +72,10 @@ def samples(tmp_path_factory, tiny_model_dir):
     return write_samples(tmp_path_factory.mktemp("norm"), uneven_rows(tok))
 
 
-def one_step(model_dir: Path, samples: Path, out: Path, loss_agg: str, grad_accum: int):
-    """One optimizer step through TRL's own loop; returns (logged loss, gradients before the optimizer step)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-
-    from harnessrl.trainer.config import TrainConfig
-    from harnessrl.trainer.data import load_samples
-    from harnessrl.trainer.grpo import HarnessTrainer, grpo_args
-
-    class Grads(TrainerCallback):
-        grads: dict = {}
-
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-            Grads.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    cfg = TrainConfig(samples=str(samples), model=str(model_dir), out=str(out), steps=1, batch_size=8, grad_accum=grad_accum,
-                      lr=1e-3, loss_agg=loss_agg, report_to="none").validate()
-    data = load_samples(samples)
-    torch.manual_seed(0)
-    tr = HarnessTrainer(AutoModelForCausalLM.from_pretrained(model_dir), cfg, data, AutoTokenizer.from_pretrained(model_dir),
-                        args=grpo_args(cfg, len(data.samples), max_grad_norm=0.0, disable_tqdm=True), callbacks=[Grads()])
-    tr.train()
-    return tr.state.log_history[0]["loss"], Grads.grads
-
-
 @pytest.mark.parametrize("loss_agg", MODES)
 def test_grad_accum_changes_neither_loss_nor_gradient(samples, tiny_model_dir, tmp_path, loss_agg):
     # Reference: the whole step as one micro-batch, and the same number computed from the definition.
-    loss1, g1 = one_step(tiny_model_dir, samples, tmp_path, loss_agg, 1)
+    loss1, g1, _ = one_step(tiny_model_dir, samples, tmp_path, loss_agg=loss_agg)
     from harnessrl.trainer.data import load_samples
 
     data = load_samples(samples)
@@ -109,7 +85,8 @@ def test_grad_accum_changes_neither_loss_nor_gradient(samples, tiny_model_dir, t
     expect = -float(aggregate(batch["advantages"], batch["loss_mask"], loss_agg, batch["rollout_index"]))
     assert loss1 == pytest.approx(expect, abs=1e-6)
     for g in (2, 4):
-        loss_g, grads = one_step(tiny_model_dir, samples, tmp_path, loss_agg, g)
+        loss_g, grads, tr = one_step(tiny_model_dir, samples, tmp_path, loss_agg=loss_agg, grad_accum=g)
+        assert tr.plan.micro == g
         assert loss_g == pytest.approx(loss1, abs=1e-6), (g, loss_g, loss1)
         assert grads.keys() == g1.keys()
         for name, v in grads.items():
@@ -126,7 +103,7 @@ def test_two_processes_gloo_same_loss_and_gradient(samples, tiny_model_dir, tmp_
     # 2 processes × 2 micro-batches of 2 samples against 1 process × 1 micro-batch of 8, with
     # rollout_mean: the per-rollout token counts are gathered from both processes.
     loss_agg = "rollout_mean"
-    loss1, g1 = one_step(tiny_model_dir, samples, tmp_path, loss_agg, 1)
+    loss1, g1, _ = one_step(tiny_model_dir, samples, tmp_path, loss_agg=loss_agg)
     out = tmp_path / "ddp.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -142,6 +119,6 @@ def test_two_processes_gloo_same_loss_and_gradient(samples, tiny_model_dir, tmp_
 
 if __name__ == "__main__":  # worker of test_two_processes_gloo_same_loss_and_gradient
     model_dir, samples_dir, out_file, agg = sys.argv[1:5]
-    loss, grads = one_step(Path(model_dir), Path(samples_dir), Path(out_file).parent / f"rank{os.environ['RANK']}", agg, 2)
+    loss, grads, _ = one_step(Path(model_dir), Path(samples_dir), Path(out_file).parent / f"rank{os.environ['RANK']}", loss_agg=agg, grad_accum=2)
     if os.environ["RANK"] == "0":
         torch.save({"loss": loss, "grads": grads, "processes": int(os.environ["WORLD_SIZE"])}, out_file)

@@ -1,14 +1,16 @@
 """The private TRL members the trainer relies on (trainer/trl_private.py) against the installed TRL,
 and the declared TRL range against the tested one."""
 
+import contextlib
 import re
+import types
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 from packaging.specifiers import SpecifierSet
-from trainer_fixtures import make_trainer, tiny_samples
+from trainer_fixtures import make_rows, make_trainer, prepend_prompt, tiny_samples, write_samples
 from trl import GRPOTrainer
 
 from harnessrl.trainer import trl_private
@@ -30,26 +32,29 @@ def test_private_members_match_installed_trl(tmp_path, tiny_model_dir):
     tr = make_trainer(HarnessTrainer, tiny_model_dir, tiny_samples(tmp_path, tiny_model_dir))
     problems = trl_private.drift(tr)
     assert problems == [], f"trl {trl_private.trl_version()} changed: {problems}"
-    # The three-value return (logps, entropies, aux_loss) of TRL ≥ 1.7, called for real.
+    # The fused head, called for real: per-position log-probs and entropies.
     batch = tr.fixed_batch([0, 1])
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    out = GRPOTrainer._get_per_token_logps_and_entropies(tr, tr.model, ids, attn, batch["completion_ids"].size(1), compute_entropy=True)
-    assert isinstance(out, tuple) and len(out) == 3, (
-        f"trl {trl_private.trl_version()}: GRPOTrainer._get_per_token_logps_and_entropies returned {len(out)} values, expected 3")
-    logps, entropy = trl_private.per_token_logps(tr, tr.model, ids, attn, batch["completion_ids"].size(1), compute_entropy=True)
-    assert logps.shape == entropy.shape == batch["completion_ids"].shape
+    p = batch["packed"]
+    logps, entropy = trl_private.fused_logps(tr, tr.model, True, input_ids=p.input_ids, position_ids=p.position_ids,
+                                             labels=p.labels, packed_bounds=p.bounds)
+    assert logps.shape == entropy.shape == (1, p.tokens - 1)
+    assert trl_private.step_counter(tr) == 0
 
 
-def test_scoring_only_kept_positions_changes_no_value(tmp_path, tiny_model_dir):
-    """`per_token_logps` scores only the completion positions on CPU (TRL's Triton-device path);
-    log-probs, entropies and gradients equal TRL's every-position path on the same rows."""
-    tr = make_trainer(HarnessTrainer, tiny_model_dir, tiny_samples(tmp_path, tiny_model_dir))
+def test_packed_log_probs_equal_trl_padded_ones(tmp_path, tiny_model_dir):
+    """The packed forward (trainer/packing.py: no padding, attention per sequence, only completion
+    positions scored) gives TRL's own log-probs, entropies and gradients on the padded rows."""
+    from transformers import AutoTokenizer
+
+    rows = make_rows(AutoTokenizer.from_pretrained(tiny_model_dir))
+    rows[0] = prepend_prompt(rows[0], rows[1]["input_ids"][:9])  # a longer prompt: the others are left-padded
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, write_samples(tmp_path, rows))
     batch = tr.fixed_batch()
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     keep = batch["completion_ids"].size(1)
-    assert batch["prompt_mask"].sum() > 0  # prompt positions to skip
+    assert bool((batch["prompt_mask"] == 0).any())  # padding, dropped when packed
+    assert len(batch["packed"].bounds) == len(tr.data.samples) + 1  # one packed row of every sample
     params = [p for p in tr.model.parameters() if p.requires_grad]
 
     def run(fn):
@@ -60,13 +65,14 @@ def test_scoring_only_kept_positions_changes_no_value(tmp_path, tiny_model_dir):
 
     every = run(lambda: GRPOTrainer._get_per_token_logps_and_entropies(tr, tr.model, ids, attn, keep,
                                                                        compute_entropy=True)[:2])
-    kept = run(lambda: trl_private.per_token_logps(tr, tr.model, ids, attn, keep, compute_entropy=True))
+    packed = run(lambda: tr.policy_logps(tr.model, batch))
     m = batch["completion_mask"].bool()
-    torch.testing.assert_close(kept[0][m], every[0][m])
-    torch.testing.assert_close(kept[1][m], every[1][m])
-    assert bool((kept[0][~m] == 0).all())
-    for a, b in zip(kept[2], every[2]):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(packed[0][m], every[0][m])
+    torch.testing.assert_close(packed[1][m], every[1][m])
+    assert bool((packed[0][~m] == 0).all())
+    for a, b in zip(packed[2], every[2]):
+        # Another attention kernel (per sequence, no mask): float32 sums in another order
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
 
 
 def test_drift_names_member_and_version():
@@ -81,9 +87,10 @@ def test_drift_names_member_and_version():
     assert f"trl {v}: GRPOTrainer._compute_loss has no parameter(s) inputs" in problems
     assert f"trl {v}: GRPOTrainer.loss_is_scaled_for_ga is False, expected True" in problems
 
-    class TwoValues:  # TRL < 1.7 returned (logps, entropies)
-        def _get_per_token_logps_and_entropies(self, *a, **k):
-            return torch.zeros(1), None
+    class Unfused(torch.nn.Module):  # a model without TRL's fused head: plain logits come back
+        def forward(self, **_):
+            return types.SimpleNamespace(logits=torch.zeros(1))
 
-    with pytest.raises(RuntimeError, match=rf"trl {re.escape(v)}: GRPOTrainer._get_per_token_logps_and_entropies returned tuple of 2"):
-        trl_private.per_token_logps(TwoValues(), None, None, None, 1)
+    trainer = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
+    with pytest.raises(RuntimeError, match=rf"trl {re.escape(v)}: the model's forward\(fused_lm_head=True\) returned no log_probs"):
+        trl_private.fused_logps(trainer, Unfused(), False, input_ids=None)

@@ -128,6 +128,32 @@ def make_trainer(cls, model_dir: Path, samples: Path, **cfg_kw):
     return cls(model, cfg, load_samples(samples), tok, **extra)
 
 
+def one_step(model_dir: Path, samples: Path, out: Path, **cfg_kw):
+    """One optimizer step through TRL's own loop; returns (logged loss, gradients before the optimizer
+    step, trainer). `cfg_kw`: TrainConfig fields (default batch 8, lr 1e-3)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.trainer.data import load_samples
+    from harnessrl.trainer.grpo import HarnessTrainer
+
+    class Grads(TrainerCallback):
+        grads: dict = {}
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            Grads.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    cfg = TrainConfig(**{**dict(samples=str(samples), model=str(model_dir), out=str(out), steps=1, batch_size=8, lr=1e-3,
+                                report_to="none"), **cfg_kw}).validate()
+    torch.manual_seed(0)
+    tr = HarnessTrainer(AutoModelForCausalLM.from_pretrained(model_dir), cfg, load_samples(samples),
+                        AutoTokenizer.from_pretrained(model_dir), trl_args=dict(max_grad_norm=0.0, disable_tqdm=True),
+                        callbacks=[Grads()])
+    tr.train()
+    return tr.state.log_history[0]["loss"], Grads.grads, tr
+
+
 def own_loss(trainer, batch: dict, old) -> float:
     """The trainer's objective on a fixed batch with logp_old fixed (the policy before training)."""
     import torch
@@ -141,3 +167,47 @@ def start_logps(trainer, batch: dict):
 
     with torch.no_grad():
         return trainer.policy_logps(trainer.model, batch)[0]
+
+
+def session_rows(tok, tokens: int, n: int = 1, seed: int = 0) -> list[dict]:
+    """`n` samples of a long coding-CLI session, each about `tokens` tokens, in the compiler's format: a
+    system prompt with many tool schemas (a CLI's first prompt: ~40% of the tokens), then turns of an
+    assistant tool call (trainable) and a tool result (not trainable) until the length is reached."""
+    import random
+
+    rng = random.Random(seed)
+    words = "the file test read write edit run search grep list open path line function class error value return".split()
+
+    def text(k: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(k))
+
+    rows = []
+    for e in range(n):
+        tools = []
+        while True:
+            tools.append({"type": "function", "function": {"name": f"tool_{len(tools)}", "description": text(200),
+                                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})
+            prompt_text = tok.apply_chat_template([{"role": "user", "content": "Fix the failing test."}], tools=tools,
+                                                  add_generation_prompt=True, tokenize=False)
+            prompt = tok(prompt_text, add_special_tokens=False)["input_ids"]
+            if len(prompt) >= 0.4 * tokens:
+                break
+        ids, mask, classes = list(prompt), [0] * len(prompt), [0] * len(prompt)
+        while len(ids) < tokens:
+            call = tok(f'<think>\n{text(20)}\n</think>\n\n<tool_call>\n{{"name": "tool_{rng.randrange(len(tools))}", '
+                       f'"arguments": {{"path": "{text(2)}"}}}}\n</tool_call><|im_end|>', add_special_tokens=False)["input_ids"]
+            obs = tok(f"\n<|im_start|>user\n<tool_response>\n{text(150)}\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n",
+                      add_special_tokens=False)["input_ids"]
+            ids += call + obs
+            mask += [1] * len(call) + [0] * len(obs)
+            classes += [ACTION] * len(call) + [0] * len(obs)
+        ids, mask, classes = ids[:tokens], mask[:tokens], classes[:tokens]
+        adv = 1.0 if e % 2 == 0 else -1.0
+        rows.append(dict(
+            sample_id=f"s{e}/main/c0", rollout_id=f"s{e}", task_id="t0", group_id="t0", agent="main", session_id=None,
+            input_ids=ids, loss_mask=mask, token_class=classes, advantage=[adv * m for m in mask],
+            behaviour_logprob=[(-2.0 if m else None) for m in mask], turn_index=[-1] * len(prompt) + [0] * (len(ids) - len(prompt)),
+            call_ids=["c0"], prompt_len=len(prompt), weight_version="v0", outcome_reward=max(adv, 0.0),
+            reward_breakdown=json.dumps({"outcome": max(adv, 0.0), "advantage": "grpo"}), retokenized=False,
+        ))
+    return rows

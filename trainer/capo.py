@@ -56,7 +56,7 @@ def unit_masks(model: torch.nn.Module, partition: Partition, which: str) -> dict
 class CapoTrainer(HarnessTrainer):
     algo = "capo"
 
-    def __init__(self, model, cfg, data, tokenizer, args=None, peft_config=None, callbacks=None, partition: Partition | None = None):
+    def __init__(self, model, cfg, data, tokenizer, peft_config=None, callbacks=None, trl_args=None, partition: Partition | None = None):
         if cfg.lora or peft_config is not None:
             raise UserError("capo routes gradients over MLP units of the full model; --lora is not supported with --algo capo")
         self.partition = partition or Partition.load(cfg.partition)
@@ -81,7 +81,7 @@ class CapoTrainer(HarnessTrainer):
             norm.register_forward_hook(self._keep_hidden)
         self._touched: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._saved: dict[torch.nn.Parameter, torch.Tensor] = {}
-        super().__init__(model, cfg, data, tokenizer, args=args, peft_config=peft_config, callbacks=callbacks)
+        super().__init__(model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks, trl_args=trl_args)
         self.routes = [(p, ma.to(p.device), mb.to(p.device)) for p, ma, mb in self.routes]  # the model may have moved
 
     def _keep_hidden(self, _module, _args, output) -> None:
@@ -142,11 +142,11 @@ class CapoTrainer(HarnessTrainer):
         if not both.requires_grad:
             return [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
         (dh,) = torch.autograd.grad(both, h, retain_graph=True)
-        # Token j of the completion is predicted at sequence position P + j − 1.
-        P = inputs["prompt_ids"].size(1)
-        cls, mask = inputs["token_class"], inputs["loss_mask"] > 0
+        # Row i's completion token j is predicted at packed position index[i, j] (trainer/packing.py).
+        packed = inputs["packed"]
+        cls = torch.where((inputs["loss_mask"] > 0) & packed.valid, inputs["token_class"], torch.zeros_like(inputs["token_class"]))
         pos = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
-        pos[:, P - 1:P - 1 + cls.size(1)] = torch.where(mask, cls, torch.zeros_like(cls))
+        pos[0, packed.index[packed.valid]] = cls[packed.valid]
         out = []
         for code, retain in ((ACTION, True), (ARGS, self.cfg.capo_other)):
             g = torch.autograd.grad(h, params, grad_outputs=dh * (pos == code).unsqueeze(-1), retain_graph=retain, allow_unused=True)

@@ -13,6 +13,7 @@ from harnessrl.errors import UserError
 
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean")
 RATIO_TO = ("step", "behaviour")
+OVER_LENGTH = ("truncate", "skip")
 
 
 @dataclass
@@ -23,7 +24,12 @@ class TrainConfig:
     out: str = "checkpoints"
     steps: int = 1
     batch_size: int = 8  # samples per optimizer step, all processes together
+    # micro-batches per optimizer step and process: at least this many; more when the step's samples
+    # do not fit one --max-tokens-per-microbatch (trainer/steps.py)
     grad_accum: int = 1
+    max_tokens_per_microbatch: int | None = None  # None: from the free memory (trainer/budget.py)
+    max_sample_tokens: int | None = None  # longer samples are truncated or skipped (over_length); None: no limit
+    over_length: str = "truncate"  # truncate | skip
     lr: float = 1e-6
     weight_decay: float = 0.0
     # transformers' `optim` (adamw_torch, sgd, ...). Adam moves every parameter by about lr at a round's
@@ -52,7 +58,7 @@ class TrainConfig:
     report_to: str = "none"
     logging_steps: int = 1
     bf16: bool = False
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | None = None  # None: on when a sample is longer than budget.LONG_SAMPLE tokens
     push: str | None = None  # proxy URL (local backend) or vLLM URL
     push_target: str = "auto"  # auto | proxy | vllm
     version: str | None = None  # weight version name for the push; default derived from the out dir
@@ -94,8 +100,11 @@ class TrainConfig:
             raise UserError("--algo capo needs --partition FILE (make one with `harnessrl capo-partition`)")
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise UserError("--steps, batch size and grad accumulation must be positive")
-        if self.batch_size % self.grad_accum:
-            raise UserError(f"batch size {self.batch_size} is not a multiple of grad_accum {self.grad_accum}")
+        if self.over_length not in OVER_LENGTH:
+            raise UserError(f"unknown --over-length {self.over_length!r}; choose one of {', '.join(OVER_LENGTH)}")
+        for name in ("max_tokens_per_microbatch", "max_sample_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 2:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 2 tokens, got {getattr(self, name)}")
         if not 0.0 <= self.pact_q <= 1.0:
             raise UserError(f"pact_q must be in [0, 1], got {self.pact_q}")
         if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):

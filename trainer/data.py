@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -168,24 +168,21 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, rollout_in
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
-class StepSampler(torch.utils.data.Sampler):
-    """Seeded shuffle in chunks of one optimizer step's samples (all processes), each chunk yielded
-    `repeats` times in a row; an incomplete last chunk is dropped.
-
-    TRL's loop draws one dataloader batch (a process's share of the chunk) per micro-batch but
-    builds the step from the first draw and ignores the repeats; without them the other draws
-    would be whole steps' worth of samples silently skipped."""
-
-    def __init__(self, n: int, chunk: int, repeats: int, seed: int):
-        self.n, self.chunk, self.repeats = n, chunk, repeats
-        self.generator = torch.Generator()
-        self.generator.manual_seed(seed)
-
-    def __iter__(self):
-        order = torch.randperm(self.n, generator=self.generator).tolist()
-        for start in range(0, self.n - self.chunk + 1, self.chunk):
-            for _ in range(self.repeats):
-                yield from order[start:start + self.chunk]
-
-    def __len__(self) -> int:
-        return (self.n // self.chunk) * self.chunk * self.repeats
+def limit_length(samples: list[Sample], max_tokens: int, mode: str) -> tuple[list[Sample], int, int]:
+    """Samples longer than `max_tokens`: cut to their first `max_tokens` tokens (mode "truncate": the
+    session's start is the context of everything after it) or left out ("skip"). A sample with no
+    trainable token left is left out too. Returns (samples, truncated, skipped)."""
+    kept, truncated, skipped = [], 0, 0
+    for s in samples:
+        if len(s.input_ids) <= max_tokens:
+            kept.append(s)
+            continue
+        cut = replace(s, input_ids=s.input_ids[:max_tokens], loss_mask=s.loss_mask[:max_tokens],
+                      token_class=s.token_class[:max_tokens], advantage=s.advantage[:max_tokens],
+                      behaviour_logprob=s.behaviour_logprob[:max_tokens], prompt_len=min(s.prompt_len, max_tokens))
+        if mode == "truncate" and any(cut.loss_mask[cut.prompt_len:]):
+            kept.append(cut)
+            truncated += 1
+        else:
+            skipped += 1
+    return kept, truncated, skipped

@@ -1,14 +1,16 @@
 """The TRL GRPOTrainer fed with compiled batches, and the `grpo` objective (docs/methods.md §6.1).
 
 TRL's loop, optimizer, logging (`report_to`), accelerate/DeepSpeed/FSDP and fused log-prob head
-are kept. Two methods change: `_generate_and_score_completions` collates compiled samples instead
-of generating, and `_compute_loss` computes our objective from TRL's per-token log-probs.
-`tests/test_trainer_grpo.py` checks the grpo loss equals TRL's own `_compute_loss` on the same tensors.
-Loss normalisation over micro-batches and processes: trainer/normalise.py. Private TRL members:
-trainer/trl_private.py."""
+are kept. What changes: each optimizer step's samples and their micro-batches come from a
+`StepPlan` (trainer/steps.py: micro-batches by token budget), each micro-batch is one packed row
+(trainer/packing.py: no padding, memory linear in length), and `_compute_loss` computes our
+objective from the packed log-probs. `tests/test_trainer_grpo.py` checks the grpo loss equals TRL's
+own `_compute_loss` on the same batch. Loss normalisation over micro-batches and processes:
+trainer/normalise.py. Private TRL members: trainer/trl_private.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -16,22 +18,26 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from harnessrl.errors import UserError
+from harnessrl.trainer.budget import LONG_SAMPLE, default_budget, memory_guard
 from harnessrl.trainer.config import TrainConfig
-from harnessrl.trainer.data import Dataset, Sample, StepSampler, aggregate, collate
+from harnessrl.trainer.data import Dataset, Sample, aggregate, collate, limit_length
 from harnessrl.trainer.losses import clip_fraction, clipped_surrogate, k3_kl, tis_weight
 from harnessrl.trainer.normalise import token_weights, weighted_sum
-from harnessrl.trainer.trl_private import TESTED, drift, log_metric, per_token_logps, text_tokenizer, trl_version
+from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
+from harnessrl.trainer.steps import StepPlan
+from harnessrl.trainer.trl_private import TESTED, drift, log_metric, step_counter, text_tokenizer, trl_version
+
+log = logging.getLogger(__name__)
+
+# TRL's dataloader only paces its loop (one draw per micro-batch); what it draws is never read, the
+# samples come from the StepPlan. 2 placeholder rows a draw satisfy GRPOConfig's check of at least 2
+# generations per prompt, which is about generating (never done here): --batch-size 1 trains.
+PLACEHOLDER_ROWS = 2
 
 
-def grpo_args(cfg: TrainConfig, n_samples: int, **extra: Any) -> GRPOConfig:
-    """TRL config for a compiled-sample run. `batch_size` samples per optimizer step over all
-    processes (WORLD_SIZE, set by torchrun / accelerate launch). num_generations only satisfies
-    TRL's checks: groups are already normalised by the compiler, and our sampler ignores it."""
+def grpo_args(cfg: TrainConfig, micro: int = 1, checkpointing: bool = False, **extra: Any) -> GRPOConfig:
+    """TRL config for `micro` micro-batches per optimizer step and process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    per_step = min(cfg.batch_size, n_samples)
-    per_device = max(1, per_step // (cfg.grad_accum * world))
-    if per_device * cfg.grad_accum * world < 2:
-        raise UserError("a training step needs at least 2 samples (TRL's GRPO batch constraint)")
     kwargs = dict(
         output_dir=cfg.out,
         max_steps=cfg.steps,
@@ -40,9 +46,10 @@ def grpo_args(cfg: TrainConfig, n_samples: int, **extra: Any) -> GRPOConfig:
         optim=cfg.optim,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=cfg.grad_accum,
-        num_generations=per_device * cfg.grad_accum,
+        per_device_train_batch_size=PLACEHOLDER_ROWS,
+        gradient_accumulation_steps=micro,
+        steps_per_generation=1,  # one dataloader draw per micro-batch
+        num_generations=PLACEHOLDER_ROWS,
         beta=cfg.kl_beta(),
         epsilon=cfg.epsilon,
         epsilon_high=cfg.epsilon_high,
@@ -52,11 +59,10 @@ def grpo_args(cfg: TrainConfig, n_samples: int, **extra: Any) -> GRPOConfig:
         seed=cfg.seed,
         bf16=cfg.bf16,
         save_strategy="no",
-        dataloader_drop_last=n_samples >= per_device * cfg.grad_accum * world,
+        dataloader_drop_last=True,
         disable_tqdm=False,
+        gradient_checkpointing=checkpointing,  # TRL's default is on; off is faster for short samples
     )
-    if cfg.gradient_checkpointing:
-        kwargs["gradient_checkpointing"] = True
     if world > 1 and not torch.cuda.is_available():
         kwargs["use_cpu"] = True  # accelerate starts gloo data parallelism on CPU only when told so
     kwargs.update(extra)
@@ -68,41 +74,108 @@ def compiled_reward(**_: Any) -> list[float]:
     raise RuntimeError("rewards come from the compiled samples")
 
 
+class Pacer(torch.utils.data.Sampler):
+    """Placeholder indices for TRL's dataloader: `steps` optimizer steps' worth of draws (all processes)."""
+
+    def __init__(self, total: int):
+        self.total = total
+
+    def __iter__(self):
+        return iter([0] * self.total)
+
+    def __len__(self) -> int:
+        return self.total
+
+
 class HarnessTrainer(GRPOTrainer):
     """Base trainer; `objective` is the grpo loss. Subclasses override `objective` / `build_batch`."""
 
     algo = "grpo"
 
-    def __init__(self, model, cfg: TrainConfig, data: Dataset, tokenizer, args: GRPOConfig | None = None, peft_config=None, callbacks=None):
+    def __init__(self, model, cfg: TrainConfig, data: Dataset, tokenizer, peft_config=None, callbacks=None,
+                 trl_args: dict[str, Any] | None = None):
         from datasets import Dataset as HFDataset
 
         self.cfg = cfg
-        self.data = data
-        args = args or grpo_args(cfg, len(data.samples))
-        index = HFDataset.from_dict({"prompt": list(range(len(data.samples)))})
+        self.tok = tokenizer
+        self.data = self.limit_lengths(data)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        per_step = min(cfg.batch_size, len(self.data.samples))
+        if per_step < world:
+            raise UserError(f"{per_step} sample(s) a step cannot be shared by {world} processes: raise --batch-size")
+        tokens = [self.sample_tokens(s) for s in self.data.samples]
+        checkpointing = cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else max(tokens) >= LONG_SAMPLE
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
+        self.budget = cfg.max_tokens_per_microbatch or default_budget(model, device, checkpointing)
+        longest = max(range(len(tokens)), key=tokens.__getitem__)
+        if tokens[longest] > self.budget:
+            s = self.data.samples[longest]
+            raise UserError(f"sample {s.sample_id} has {tokens[longest]} tokens to train, more than --max-tokens-per-microbatch "
+                            f"{self.budget}: raise it if memory allows, or cap samples with --max-sample-tokens N "
+                            "(truncated; --over-length skip leaves them out)")
+        self.plan = StepPlan(tokens, per_step, world, cfg.seed, cfg.steps, self.budget, cfg.grad_accum)
+        log.warning("micro-batches of at most %d tokens: %d per step and process (%d samples a step), activation checkpointing %s",
+                    self.budget, self.plan.micro, per_step, "on" if checkpointing else "off")
+        args = grpo_args(cfg, self.plan.micro, checkpointing, **(trl_args or {}))
+        use_packed_attention(model)
+        index = HFDataset.from_dict({"prompt": list(range(len(self.data.samples)))})
         super().__init__(
             model=model, reward_funcs=[compiled_reward], args=args, train_dataset=index, processing_class=tokenizer,
             peft_config=peft_config, callbacks=callbacks,
         )
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.ref_model is not None:
+            use_packed_attention(self.ref_model)
         if self.accelerator.num_processes != world:
             raise UserError(f"WORLD_SIZE is {world} but accelerate runs {self.accelerator.num_processes} process(es)")
         problems = drift(self)
         if problems:
             raise UserError(f"{problems[0]}; harnessrl is tested with trl{TESTED} (installed: {trl_version()})")
-        if self.args.steps_per_generation != self.args.gradient_accumulation_steps:
-            # The step weights are computed on what one `_generate_and_score_completions` call sees.
-            raise UserError("steps_per_generation must equal gradient_accumulation_steps (one batch per optimizer step)")
+        if self.num_iterations != 1:
+            raise UserError("num_iterations must be 1: one optimizer step per batch of samples")
         self.tok = text_tokenizer(self)
         self.pad_id = self.tok.pad_token_id
+        self._micro: list[dict[str, Any]] = []
+        self._running: list[Sample] = []
 
     # -- data ---------------------------------------------------------------------------------
+    def limit_lengths(self, data: Dataset) -> Dataset:
+        if self.cfg.max_sample_tokens is None:
+            return data
+        samples, truncated, skipped = limit_length(data.samples, self.cfg.max_sample_tokens, self.cfg.over_length)
+        if truncated or skipped:
+            log.warning("--max-sample-tokens %d: %d sample(s) truncated, %d skipped (of %d)",
+                        self.cfg.max_sample_tokens, truncated, skipped, len(data.samples))
+        if not samples:
+            raise UserError(f"no sample left with --max-sample-tokens {self.cfg.max_sample_tokens} (--over-length {self.cfg.over_length})")
+        return Dataset(samples, data.tasks)
+
+    def sample_tokens(self, sample: Sample) -> int:
+        """Tokens a sample puts into its micro-batch's forward passes (the budget counts these)."""
+        return len(sample.input_ids)
+
     def _get_train_sampler(self, dataset=None):
-        # Compiled samples are already grouped and normalised: a seeded shuffle, each step's samples
-        # once per micro-batch draw (StepSampler), as TRL's own sampler does without the group repeats.
-        n = len(dataset if dataset is not None else self.train_dataset)
-        chunk = self.args.per_device_train_batch_size * self.args.steps_per_generation * self.accelerator.num_processes
-        return StepSampler(n, chunk, self.args.steps_per_generation * self.num_iterations, self.args.seed)
+        return Pacer(self.plan.per_epoch * self.plan.micro * PLACEHOLDER_ROWS * self.accelerator.num_processes)
+
+    def _prepare_inputs(self, generation_batch):
+        # Called by TRL's training_step once per micro-batch: the step's micro-batches are built at its first.
+        slot = step_counter(self) % self.args.gradient_accumulation_steps
+        if slot == 0:
+            step = step_counter(self) // self.args.gradient_accumulation_steps
+            groups = self.plan.micro_batches(step, self.accelerator.process_index)
+            self._micro = self.micro_batches([[self.data.samples[i] for i in g] for g in groups])
+        self._running = self._micro[slot]["samples"]
+        return self._micro[slot]
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        with memory_guard(self.describe_running):
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def describe_running(self) -> str:
+        longest = max(self._running, key=lambda s: self.sample_tokens(s), default=None)
+        if longest is None:
+            return "a micro-batch"
+        return (f"a micro-batch of {len(self._running)} sample(s), {sum(map(self.sample_tokens, self._running))} tokens "
+                f"(longest: sample {longest.sample_id}, {self.sample_tokens(longest)} tokens; --max-tokens-per-microbatch {self.budget})")
 
     def build_batch(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         return collate(samples, self.pad_id, self.accelerator.device)
@@ -117,36 +190,45 @@ class HarnessTrainer(GRPOTrainer):
         gather = gather_object if self.accelerator.num_processes > 1 else None
         return token_weights(mask, [s.rollout_id for s in samples], mode, gather)
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        # `inputs`: this process's rows of the whole optimizer step (all its micro-batches); TRL
-        # splits the returned dict into micro-batches afterwards.
-        samples = [self.data.samples[int(x["prompt"])] for x in inputs]
+    def micro_batches(self, groups: list[list[Sample]]) -> list[dict[str, Any]]:
+        """This process's micro-batches of one optimizer step: the step's padded columns and loss weights,
+        computed on all its rows at once, then each group's rows packed for the forward passes."""
+        samples = [s for g in groups for s in g]
         batch = self.build_batch(samples)
         batch.update(self.step_weights(batch, samples))
-        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        keep = batch["completion_ids"].size(1)
-        with torch.no_grad():
-            # As in TRL: the start-of-step policy equals the current one unless generation and
-            # optimisation are misaligned, and then it is recomputed here.
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            if self.args.gradient_accumulation_steps % generate_every != 0:
-                batch["old_per_token_logps"] = per_token_logps(self, self.model, ids, attn, keep)[0]
-            if self.beta != 0.0:
-                batch["ref_per_token_logps"] = self._reference_logps(ids, attn, keep)
+        out, at = [], 0
+        for g in groups:
+            part = {k: v[at:at + len(g)] if v.dim() else v for k, v in batch.items()}
+            at += len(g)
+            self._running = g
+            out.append(self.prepare_micro_batch(part, g))
+        return out
+
+    def prepare_micro_batch(self, batch: dict[str, Any], samples: list[Sample]) -> dict[str, Any]:
+        batch["samples"] = samples
+        batch["packed"] = self.pack_rows(batch)
+        if self.beta != 0.0:
+            with torch.no_grad():
+                batch["ref_per_token_logps"] = self._reference_logps(batch["packed"])
         return batch
 
-    def _reference_logps(self, ids: torch.Tensor, attn: torch.Tensor, keep: int) -> torch.Tensor:
+    def pack_rows(self, batch: dict[str, torch.Tensor]) -> Packed:
+        """The rows' prompt + completion tokens, padding dropped, as one packed row scoring the completions."""
+        p, c = batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist()
+        P = batch["prompt_ids"].size(1)
+        seqs = [torch.cat([batch["prompt_ids"][i, P - p[i]:], batch["completion_ids"][i, :c[i]]]) for i in range(len(p))]
+        return pack(seqs, p, batch["completion_ids"].size(1), self.accelerator.device)
+
+    def _reference_logps(self, packed: Packed) -> torch.Tensor:
         if self.ref_model is not None:
-            return per_token_logps(self, self.ref_model, ids, attn, keep)[0]
+            return packed_logps(self, self.ref_model, packed)[0]
         with self.accelerator.unwrap_model(self.model).disable_adapter():  # PEFT: the base model is the reference
-            return per_token_logps(self, self.model, ids, attn, keep)[0]
+            return packed_logps(self, self.model, packed)[0]
 
     # -- loss ---------------------------------------------------------------------------------
-    def policy_logps(self, model, inputs: dict[str, torch.Tensor], prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.cat([inputs[prefix + "prompt_ids"], inputs[prefix + "completion_ids"]], dim=1)
-        attn = torch.cat([inputs[prefix + "prompt_mask"], inputs[prefix + "completion_mask"]], dim=1)
-        return per_token_logps(self, model, ids, attn, inputs[prefix + "completion_ids"].size(1), compute_entropy=True)
+    def policy_logps(self, model, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, completion) log-probs and entropies of the micro-batch's completions under `model`."""
+        return packed_logps(self, model, inputs["packed"], compute_entropy=True)
 
     def per_token_loss(self, logps: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Clipped surrogate × truncated-IS weight + β·KL, per token; also returns logp_old."""
@@ -197,7 +279,7 @@ class HarnessTrainer(GRPOTrainer):
         v = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         log_metric(self, mode, name, self.accelerator.gather(v.to(self.accelerator.device).reshape(1)).mean().item())
 
-    def fixed_batch(self, indices: list[int] | None = None) -> dict[str, torch.Tensor]:
-        """The batch `_generate_and_score_completions` would build for these samples (tests, bench)."""
+    def fixed_batch(self, indices: list[int] | None = None) -> dict[str, Any]:
+        """These samples (default: all) as one micro-batch, as a step would build it (tests, bench)."""
         idx = range(len(self.data.samples)) if indices is None else indices
-        return self._generate_and_score_completions([{"prompt": i} for i in idx])
+        return self.micro_batches([[self.data.samples[i] for i in idx]])[0]

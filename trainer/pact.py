@@ -32,8 +32,8 @@ from harnessrl.pact_levels import reasoning_level, reasoning_prefix
 from harnessrl.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from harnessrl.trainer.data import Sample, aggregate, collate
 from harnessrl.trainer.grpo import HarnessTrainer
+from harnessrl.trainer.packing import pack, packed_logps
 from harnessrl.trainer.sft import span_weights
-from harnessrl.trainer.trl_private import per_token_logps
 
 _MARK = "\x00HARNESSRL\x00"
 
@@ -166,8 +166,19 @@ class PactTrainer(HarnessTrainer):
     algo = "pact"
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
         self._block_cache: dict[tuple[str, int], list[int]] = {}
+        self._extra_tokens: dict[str, int] = {}
+        super().__init__(*args, **kwargs)
+
+    def sample_tokens(self, sample: Sample) -> int:
+        """At most: the rollout's tokens, the privileged block, and its task's SFT sequence (all at level 4, the longest)."""
+        task = self.data.tasks.get(sample.task_id) if sample.task_id else None
+        if not (task and task.expert_trace):
+            return len(sample.input_ids)
+        if sample.task_id not in self._extra_tokens:
+            _, weights = sft_sequence(self.tok, [], task.input, task.expert_trace, 4, 1.0)
+            self._extra_tokens[sample.task_id] = len(self._block(sample.task_id, task.expert_trace, 4)) + len(weights)
+        return len(sample.input_ids) + sample.prompt_len + self._extra_tokens[sample.task_id]  # RL row + SFT sequence (x + expert)
 
     def schedule(self) -> tuple[float, int]:
         s, S = self.state.global_step, self.args.max_steps
@@ -226,19 +237,28 @@ class PactTrainer(HarnessTrainer):
         out["sft_row_weight"] = torch.tensor(sft_row_weights(rows, everyone), device=batch["sft_weights"].device)
         return out
 
+    def prepare_micro_batch(self, batch, samples):
+        """Also the rows' SFT sequences, packed apart from the RL rows (their own forward pass), scored
+        from each one's first weighted token (the rollout's prompt x before it has weight 0)."""
+        batch = super().prepare_micro_batch(batch, samples)
+        w, lengths = batch["sft_weights"], batch["sft_mask"].sum(1).tolist()
+        first = [int(torch.nonzero(w[i, 1:] > 0)[0]) + 1 if bool((w[i, 1:] > 0).any()) else lengths[i] for i in range(len(lengths))]
+        width = max([n - f for n, f in zip(lengths, first)] + [1])
+        aligned = torch.zeros((len(lengths), width), device=w.device)
+        for i, (n, f) in enumerate(zip(lengths, first)):
+            aligned[i, :n - f] = w[i, f:n]
+        seqs = [batch["sft_ids"][i, :n] if n > f else batch["sft_ids"][i, :0] for i, (n, f) in enumerate(zip(lengths, first))]
+        batch["sft_packed"] = pack(seqs, first, width, w.device)
+        batch["sft_token_weights"] = aligned
+        return batch
+
     def sft_losses(self, model, inputs) -> torch.Tensor:
         """(B,) L_SFT,i of the rows that carry a trace sequence (Z > 0), 0 on the other rows."""
-        w = inputs["sft_weights"][:, 1:]
-        rows = w.sum(-1) > 0
-        out = torch.zeros(w.size(0), device=w.device)
-        if not bool(rows.any()):
-            return out
-        ids, attn, w = inputs["sft_ids"][rows], inputs["sft_mask"][rows], w[rows]
-        # Score only from the first weighted token on (the task prompt has weight 0).
-        first = int((w > 0).float().argmax(-1).min())
-        logps, _ = per_token_logps(self, model, ids, attn, ids.size(1) - 1 - first)
-        w = w[:, first:]
-        return out.masked_scatter(rows, -(logps * w).sum(-1) / w.sum(-1))
+        w = inputs["sft_token_weights"]
+        if not bool((w > 0).any()):
+            return torch.zeros(w.size(0), device=w.device)
+        logps, _ = packed_logps(self, model, inputs["sft_packed"])
+        return -(logps * w).sum(-1) / w.sum(-1).clamp(min=1e-12)  # 0 on rows without a sequence
 
     def objective(self, model, inputs):
         logps, entropy = self.policy_logps(model, inputs)

@@ -7,9 +7,11 @@ installed TRL against what the code assumes: `HarnessTrainer` refuses to start o
 `tests/test_trainer_trl_private.py` fails naming the member and the TRL version.
 
 Assumptions on TRL's step structure (checked by the normalisation tests, not here): TRL's
-`_prepare_inputs` hands `_generate_and_score_completions` the local rows of `steps_per_generation`
-micro-batches at once, then shuffles and splits the returned dict row-wise (`split_tensor_dict`),
-so per-row tensors computed there travel with their rows and 0-dim tensors are copied to each part."""
+`training_step` calls `_prepare_inputs` once per micro-batch and then counts it in `_step`, so
+`_step` divided by the accumulation steps is the optimizer step and its remainder the micro-batch;
+`_prepare_inputs` (overridden) returns the micro-batch `_compute_loss` gets. The model's forward
+takes `fused_lm_head=True` (TRL's `add_fused_lm_head`, put on the model in GRPOTrainer.__init__)
+and then returns per-position `log_probs` and `entropy` computed in chunks."""
 
 from __future__ import annotations
 
@@ -23,16 +25,12 @@ TESTED = ">=1.16,<1.17"  # keep equal to the `trl` requirement in pyproject.toml
 
 # Methods overridden by HarnessTrainer and its subclasses: TRL must still call them with these parameters.
 OVERRIDDEN = {
-    "_generate_and_score_completions": ("inputs",),
+    "_prepare_inputs": ("generation_batch",),
     "_compute_loss": ("model", "inputs"),
     "_get_train_sampler": ("dataset",),
 }
-# Methods called, with the parameters passed by name or position.
-CALLED = {
-    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep", "compute_entropy"),
-}
 # Instance attributes set by GRPOTrainer.__init__ and read (or, `_metrics`, written) by the trainer.
-ATTRIBUTES = ("_metrics", "_tokenizer", "beta", "epsilon_low", "epsilon_high", "num_iterations", "ref_model",
+ATTRIBUTES = ("_metrics", "_tokenizer", "_step", "beta", "epsilon_low", "epsilon_high", "num_iterations", "ref_model",
               "loss_type")
 # Class flags: GRPOTrainer's loss is already scaled for gradient accumulation, so transformers'
 # Trainer must not divide it again (our step weights rely on that).
@@ -56,7 +54,7 @@ def drift(trainer: Any = None, base: type | None = None) -> list[str]:
 
     GRPOTrainer = base or GRPOTrainer  # noqa: N806
     problems = []
-    for name, params in {**OVERRIDDEN, **CALLED}.items():
+    for name, params in OVERRIDDEN.items():
         fn = getattr(GRPOTrainer, name, None)
         if not callable(fn):
             problems.append(f"{_where(name)} no longer exists")
@@ -67,6 +65,8 @@ def drift(trainer: Any = None, base: type | None = None) -> list[str]:
             problems.append(f"{_where(name)} has no parameter(s) {', '.join(missing)}")
     import trl.trainer.utils as fused
 
+    if "outputs" not in inspect.signature(getattr(fused, "add_fused_lm_head", lambda: None)).parameters:
+        problems.append(f"trl {trl_version()}: trl.trainer.utils.add_fused_lm_head (the fused log-prob head) changed or is gone")
     if not callable(getattr(fused, "_use_triton", None)):
         problems.append(f"trl {trl_version()}: trl.trainer.utils._use_triton (the fused head's compact switch) no longer exists")
     for name, value in CLASS_FLAGS.items():
@@ -93,22 +93,26 @@ def _score_only_kept():
         fused._use_triton = choose
 
 
-def per_token_logps(trainer, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    compute_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-probs, entropies or None) of the last `logits_to_keep` tokens, through TRL's fused head."""
-    with _score_only_kept():
-        out = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                         compute_entropy=compute_entropy)
-    if not (isinstance(out, tuple) and len(out) == 3):
-        raise RuntimeError(f"{_where('_get_per_token_logps_and_entropies')} returned {type(out).__name__} of "
-                           f"{len(out) if isinstance(out, tuple) else 1} value(s), expected (logps, entropies, aux_loss); "
-                           f"harnessrl is tested with trl{TESTED}")
-    return out[0], out[1]
+def fused_logps(trainer, model, compute_entropy: bool, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs, entropies or None) at every position of `inputs["labels"]` (shifted by one), through the
+    fused head TRL puts on the model (`add_fused_lm_head`: chunks of tokens × vocabulary, never whole logits)."""
+    with _score_only_kept(), trainer.accelerator.autocast():
+        out = model(**inputs, fused_lm_head=True)
+    logps = getattr(out, "log_probs", None)
+    if logps is None:
+        raise RuntimeError(f"trl {trl_version()}: the model's forward(fused_lm_head=True) returned no log_probs "
+                           f"(trl.trainer.utils.add_fused_lm_head changed); harnessrl is tested with trl{TESTED}")
+    return logps, (out.entropy if compute_entropy else None)
 
 
 def text_tokenizer(trainer):
     """The text tokenizer TRL took from `processing_class`."""
     return trainer._tokenizer
+
+
+def step_counter(trainer) -> int:
+    """Micro-batches trained so far (TRL's training_step counts them)."""
+    return trainer._step
 
 
 def log_metric(trainer, mode: str, name: str, value: float) -> None:
