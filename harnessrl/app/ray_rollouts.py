@@ -51,8 +51,8 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise UserError("--executor ray: Ray is not installed in this environment (pip install "
-                            "'harnessrl[ray]')") from None
+            raise UserError("--executor ray: Ray is not installed in this environment (the `ray` extra: "
+                            "scripts/install.sh installs it, or pip install ray)") from None
         if address and address != "auto":
             _check_reachable(address)
         try:
