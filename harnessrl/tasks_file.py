@@ -1,6 +1,10 @@
 """The tasks file: one JSON object per line with `id`, `input` (text or chat messages), optional
 `reference` (alias `answer`), optional `reference_calls` ([{name, arguments}]) and optional
-`expert_trace` (the expert's chat messages). Read by `harnessrl tasks import` (compiler), `sft`
+`expert_trace` (the expert's chat messages). A coding task (`harnessrl tasks coding`) also has a
+`workspace` — the repository the harness works in — and `hidden_tests`, laid over it only for
+the reward; each is a folder (relative to the tasks file) or an inline {relative path: text}
+object. Optional `reward_cmd`: the shell line that scores it (default: pytest on the hidden
+tests; app/workspace.py). Read by `harnessrl tasks import` (compiler), `sft`
 and PACT (trainer) and user harnesses in `loop` (app): one parser, one set of rules.
 """
 
@@ -8,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harnessrl.errors import UserError
@@ -21,6 +25,9 @@ class TaskRow:
     reference: Any
     reference_calls: list[Any] | None
     expert_trace: list[dict[str, Any]] | None
+    workspace: Path | dict[str, str] | None = None  # a coding task's repository: a folder or inline files
+    hidden_tests: Path | dict[str, str] | None = None  # laid over the workspace for the reward only
+    reward_cmd: str | None = None
 
 
 def _check_calls(calls: Any, where: str) -> list[Any]:
@@ -31,7 +38,7 @@ def _check_calls(calls: Any, where: str) -> list[Any]:
     return calls
 
 
-def parse_line(line: str, where: str) -> TaskRow:
+def parse_line(line: str, where: str, base: Path | None = None) -> TaskRow:
     try:
         obj = json.loads(line)
     except ValueError as exc:
@@ -46,13 +53,34 @@ def parse_line(line: str, where: str) -> TaskRow:
     trace = obj.get("expert_trace")
     if trace is not None and not (isinstance(trace, list) and all(isinstance(m, dict) and "role" in m for m in trace)):
         raise UserError(f"{where}: expert_trace must be a list of chat messages with a role")
+    reward_cmd = obj.get("reward_cmd")
+    if reward_cmd is not None and not (isinstance(reward_cmd, str) and reward_cmd.strip()):
+        raise UserError(f"{where}: reward_cmd must be a shell command line")
     return TaskRow(
         id=str(obj["id"]),
         input=obj["input"],
         reference=obj.get("reference", obj.get("answer")),
         reference_calls=_check_calls(calls, where) if calls is not None else None,
         expert_trace=trace,
+        workspace=_tree(obj.get("workspace"), f"{where}: workspace", base),
+        hidden_tests=_tree(obj.get("hidden_tests"), f"{where}: hidden_tests", base),
+        reward_cmd=reward_cmd,
     )
+
+
+def _tree(value: Any, where: str, base: Path | None) -> Path | dict[str, str] | None:
+    """A folder (relative to the tasks file's folder `base`) or {relative path: text}."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value:
+        return (base or Path(".")) / value
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        for name in value:
+            parts = PurePosixPath(name)
+            if not name or parts.is_absolute() or ".." in parts.parts:
+                raise UserError(f"{where}: {name!r} is not a relative path inside the workspace")
+        return value
+    raise UserError(f"{where}: a folder (relative to the tasks file) or an object of relative path → file text")
 
 
 def read_tasks(path: Path) -> list[TaskRow]:
@@ -62,7 +90,7 @@ def read_tasks(path: Path) -> list[TaskRow]:
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = parse_line(line, f"{path}:{n}")
+        row = parse_line(line, f"{path}:{n}", path.resolve().parent)
         if row.id in seen:
             raise UserError(f"{path}:{n}: duplicate task id {row.id!r}")
         seen.add(row.id)
