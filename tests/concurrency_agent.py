@@ -4,10 +4,11 @@
 
 It leaves MARKERS/<run>/<rollout>.start (JSON: pid, the Ray raylet's pid when run by a Ray
 worker), asks the proxy one question with the OpenAI SDK (the base URL and key `harnessrl run`
-put in the environment), optionally waits until N rollouts of its run have started (a barrier:
-it fails after 120 s, which only rollouts that run at once can pass), sleeps S seconds in a
-training round's run (`round-*`; a task whose input is "hang" sleeps an hour), leaves .end, and prints its reward: 1 when the answer has
-an even number of characters (some variety within a group), else 0.
+put in the environment); in a training round's run (`round-*`) it then waits until N rollouts
+of its run have started (a barrier: it fails after 120 s, which only rollouts that run at once
+can pass) and sleeps S seconds (a task whose input is "hang" sleeps an hour); it leaves .end,
+and prints its reward: 1 when the answer has an even number of characters (some variety within
+a group), else 0.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def main() -> int:
     answer = client.chat.completions.create(model="policy", max_tokens=8, temperature=1.0,
                                             messages=[{"role": "user", "content": task["input"]}])
     text = answer.choices[0].message.content or ""
-    if a.barrier:
+    if a.barrier and run.startswith("round-"):
         deadline = time.time() + 120
         while len(list(mine.glob("*.start"))) < a.barrier:
             if time.time() > deadline:

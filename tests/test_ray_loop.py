@@ -1,0 +1,87 @@
+"""`harnessrl loop --executor ray` on a local Ray cluster of a head and two worker nodes
+(ray.cluster_utils: real raylets, real workers), a worker node killed while it runs rollouts:
+its rollouts are run again on the other node, each task × sample has exactly one counted
+rollout, and the lost attempts are finished as failed and never compiled."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import select
+
+from harnessrl.db import open_db
+from harnessrl.records import Reward, Rollout
+
+pytestmark = pytest.mark.ray
+AGENT = Path(__file__).with_name("concurrency_agent.py")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Ray resolves 127.0.0.1 to the machine's outward address unless told this is no real
+    # cluster; everything here stays on the loopback (the loop's driver inherits this too)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
+                                                      "include_dashboard": False})
+    workers = [c.add_node(num_cpus=2, node_ip_address="127.0.0.1") for _ in range(2)]
+    yield c, workers
+    c.shutdown()
+
+
+def _raylet(node) -> int:
+    return node.all_processes["raylet"][0].process.pid
+
+
+def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_path):
+    c, workers = cluster
+    out, markers = tmp_path / "loop", tmp_path / "markers"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "input": x}) + "\n"
+                             for i, x in enumerate(["Say hi", "Count to two", "Name a colour"])))
+    cmd = [sys.executable, "-m", "harnessrl", "loop", "--executor", "ray", "--ray-address", c.address,
+           "--cmd", f"{sys.executable} {AGENT} {{task}} {markers} --barrier 4 --sleep 8", "--tasks", str(tasks),
+           "--reward-from", "stdout-json", "--model", str(tiny_model_dir), "--out", str(out), "--rounds", "1",
+           "--group", "2", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "4"]
+    loop = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # four training rollouts at once on two nodes of two CPUs: both nodes run two each
+    round_dir, deadline = markers / "round-0-a1", time.time() + 400
+    while len(list(round_dir.glob("*.start"))) < 4 and time.time() < deadline and loop.poll() is None:
+        time.sleep(0.1)
+    started = {p.stem: json.loads(p.read_text())["raylet"] for p in round_dir.glob("*.start")}
+    raylets = [str(_raylet(w)) for w in workers]
+    on_victim = {rid for rid, raylet in started.items() if raylet == raylets[1]}
+    c.remove_node(workers[1], allow_graceful=False)  # the raylet and its workers killed mid-rollout
+    output, _ = loop.communicate(timeout=600)
+    assert loop.returncode == 0, output[-3000:]
+    assert set(started.values()) == set(raylets)  # rollouts ran on both nodes
+    assert on_victim  # killed mid-rollout: every rollout waits for all four to start, then sleeps 8 s
+
+    state = json.loads((out / "loop_state.json").read_text())
+    assert [r["round"] for r in state["rounds"]] == [0] and state["attempts"] == 1 and state["rounds"][0]["failed"] == 0
+    _, Session = open_db(str(out / "runs.db"))
+    with Session() as s:
+        rollouts = {r.id: r for r in s.scalars(select(Rollout))}
+        outcomes = Counter(s.scalars(select(Reward.rollout_id).where(Reward.kind == "outcome")))
+    round_rollouts = [r for r in rollouts.values() if r.run == "round-0-a1"]
+    counted = [r for r in round_rollouts if r.status != "failed"]
+    failed = {r.id for r in round_rollouts if r.status == "failed"}
+    # exactly one counted rollout per task × sample, each with exactly one outcome
+    assert sorted(Counter(r.group_id for r in counted).items()) == [("round-0-a1/t0", 2), ("round-0-a1/t1", 2)]
+    assert all(r.status == "finished" and outcomes[r.id] == 1 for r in counted)
+    # the killed node's attempts, and only they, were redone: failed, unrewarded
+    assert failed == on_victim and all(outcomes[rid] == 0 for rid in failed)
+    assert all(rollouts[rid].meta["error"].startswith("abandoned") for rid in failed)
+    samples = pq.read_table(out / "round-0-a1" / "samples" / "samples.parquet").column("rollout_id").to_pylist()
+    assert samples and set(samples) <= {r.id for r in counted}
+    for run in ("eval-initial", "eval-0-a1"):  # the held-out task, once each time, on Ray too
+        assert [r.status for r in rollouts.values() if r.run == run] == ["finished"]
