@@ -32,6 +32,14 @@ def register(app: typer.Typer) -> None:
         version: Optional[str] = typer.Option(None, "--version", help="Weight version name for the checkpoint."),
         db: Optional[str] = typer.Option(None, "--db", help="Records DB to record a vLLM push's weight version in."),
         report_to: Optional[str] = typer.Option(None, "--report-to", help="TRL/transformers loggers (none, tensorboard, wandb, ...)."),
+        max_tokens_per_microbatch: Optional[int] = typer.Option(
+            None, "--max-tokens-per-microbatch", help="Tokens a micro-batch packs at most (default: from the free memory)."),
+        max_sample_tokens: Optional[int] = typer.Option(
+            None, "--max-sample-tokens", help="Truncate longer samples to this many tokens (or skip them: --over-length skip)."),
+        over_length: Optional[str] = typer.Option(None, "--over-length", help="truncate | skip (with --max-sample-tokens)"),
+        gradient_checkpointing: Optional[bool] = typer.Option(
+            None, "--gradient-checkpointing/--no-gradient-checkpointing",
+            help="Activation checkpointing (default: on when a sample has 8192 tokens or more)."),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file with any of these options."),
     ) -> None:
         """Train the policy on compiled samples with TRL (docs/methods.md §6) and optionally push the weights."""
@@ -41,7 +49,8 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, dict(
             samples=str(samples), model=model, algo=algo, out=out, steps=steps, batch_size=batch_size,
             partition=partition, lr=lr, epsilon=epsilon, beta=beta, loss_agg=loss_agg, lora=lora, push=push,
-            version=version, db=db, report_to=report_to,
+            version=version, db=db, report_to=report_to, max_tokens_per_microbatch=max_tokens_per_microbatch,
+            max_sample_tokens=max_sample_tokens, over_length=over_length, gradient_checkpointing=gradient_checkpointing,
         ))
         if not cfg.model:
             from harnessrl.errors import UserError
