@@ -34,6 +34,7 @@ from transformers.utils import logging as hf_logging
 from harnessrl.algorithms import get_algorithm
 from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, settle
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
+from harnessrl.app.limited_run import RolloutFlags
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.export import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
@@ -77,6 +78,8 @@ class LoopConfig:
     executor: str = "local"  # where rollouts run: local (threads here) | ray (tasks on a Ray cluster's nodes)
     ray_address: str | None = None  # --executor ray: the cluster's head (HOST:PORT, or auto); default: a new local one
     rollout_deadline: float | None = None  # seconds before a rollout is given up (default: DEFAULT_DEADLINE)
+    # --cmd: each rollout's sandbox, timeout (`cmd_flags.timeout`), memory and CPU limits, test reward
+    cmd_flags: RolloutFlags = field(default_factory=RolloutFlags)
 
 
 DEFAULT_DEADLINE = 3600.0  # the executor's backstop when no per-rollout timeout is given: a hung rollout ends the wait
@@ -185,7 +188,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     if cfg.cmd:
         from harnessrl.app.cmd_harness import cmd_harness
 
-        h = cmd_harness(cfg.cmd, src, cfg.reward_from, cfg.intercept)
+        h = cmd_harness(cfg.cmd, src, cfg.reward_from, cfg.intercept, cfg.cmd_flags)
     else:
         h = load_harness(cfg.harness, src)
     if not h.train:
@@ -195,18 +198,18 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     # a bad --train-config fails now, not after the first round's rollouts (CAPO's partition is made later)
     _train_config(cfg, cfg.out, cfg.model, cfg.out, 0, cfg.partition or "made from round data")
     state_path = cfg.out / "loop_state.json"
-    resumed = state_path.exists()
     state = LoopState.load(state_path, cfg.model)
+    interrupted = state.attempts if state_path.exists() else None  # the attempt a killed loop was in
     if state.rounds:
         console.print(f"resuming after round {state.rounds[-1]['round']} from {state.model}")
     with open_executor(cfg.executor, cfg.concurrency, _deadline(cfg), cfg.ray_address) as ex:
-        _run_rounds(cfg, ex, h, algo, db, state, state_path, resumed, console)
+        _run_rounds(cfg, ex, h, algo, db, state, state_path, interrupted, console)
     plot_curves(state, cfg.out / "curves.png")
     return state
 
 
 def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: str, state: LoopState,
-                state_path: Path, resumed: bool, console: Console) -> None:
+                state_path: Path, interrupted: int | None, console: Console) -> None:
     if cfg.teacher is not None and state.teacher is None:
         state.attempts += 1
         state.save(state_path)
@@ -214,8 +217,8 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
         state.save(state_path)
     with run_proxy(_proxy_config(cfg, db, state, ex.proxy_host)) as proxy, \
             (h.around(proxy.url) if h.around else nullcontext()):
-        if resumed and len(state.rounds) < cfg.rounds:
-            _fail_interrupted(proxy.url, len(state.rounds), state.attempts)
+        if interrupted:
+            _fail_interrupted(proxy.url, len(state.rounds), interrupted)
         if cfg.upstream is not None and state.rounds:
             # resumed: the upstream may serve an older model (restarted since); the local backend
             # starts on state.model itself
@@ -257,17 +260,17 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
 
 
 def _fail_interrupted(url: str, r: int, attempt: int) -> None:
-    """The rollouts a killed attempt at round r left running (its round and eval run tags) are
+    """The rollouts a killed attempt left running (its round's, its eval's, a teacher round's) are
     finished as failed: they never count, and a straggler's calls to them are refused."""
     from harnessrl.app.run_cmd import proxy_key
     from harnessrl.client import HarnessRL
 
     with HarnessRL(url, api_key=proxy_key()) as client:
-        for tag in (f"round-{r}-a{attempt}", f"eval-{r}-a{attempt}"):
+        for tag in (f"round-{r}-a{attempt}", f"eval-{r}-a{attempt}", f"teacher-a{attempt}"):
             for ro in client.list_rollouts(run=tag):
                 if ro["status"] == "running":
-                    client.finish(ro["id"], error=f"interrupted: the loop stopped during attempt {attempt} of "
-                                                  f"round {r}; the round was run again")
+                    client.finish(ro["id"], error=f"interrupted: the loop stopped during its attempt {attempt}, "
+                                                  "which was run again")
 
 
 def _proxy_config(cfg: LoopConfig, db: str, state: LoopState, host: str) -> ProxyConfig:
