@@ -8,7 +8,8 @@ harnessrl from the Python that runs Ray there: install it (the same version) on 
 A task whose node or worker dies is run again by Ray (`retries` times) on a node that is alive;
 the rollout its first attempt had made is left unfinished and `executors.settle` fails it after
 the batch. A task still out at its deadline is cancelled (its worker killed) and counted as
-failed, like one whose retries ran out.
+failed, like one whose retries ran out. The deadline runs from the task's submission: with
+`--concurrency` above the cluster's CPUs, time queued in Ray counts too.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from harnessrl.errors import UserError
 RETRIES = 3  # runs of a task after its node or worker died (Ray's default for tasks)
 
 
-def _run_job(runner: Runner, url: str, job: Job) -> tuple[Any, str]:
-    """The Ray task: one rollout on this node; its result and the node it ran on."""
-    import ray
-
-    return job.run(runner, url), ray.get_runtime_context().get_node_id()
+def _run_job(runner: Runner, url: str, job: Job) -> Any:
+    """The Ray task: one rollout, on whichever node Ray placed it."""
+    return job.run(runner, url)
 
 
 def _check_reachable(address: str) -> None:
@@ -67,12 +66,10 @@ class RayExecutor:
         self.concurrency, self.deadline = concurrency, deadline
         # one CPU per rollout: a node runs as many rollouts at once as it has CPUs
         self._task = ray.remote(_run_job).options(num_cpus=1, max_retries=retries, retry_exceptions=False)
-        self.nodes: list[str] = []  # the node each rollout of the last batch ran on ("" for a failed one)
 
     def map(self, runner: Runner, url: str, jobs: list[Job], label: str) -> list[Any]:
         ray = self._ray
         results: list[Any] = [None] * len(jobs)
-        self.nodes = [""] * len(jobs)
         runner_ref = ray.put(runner)  # shipped to the object store once, not with every task
         pending: dict[Any, tuple[int, float]] = {}  # task ref -> (job index, when it was submitted)
         waiting = iter(range(len(jobs)))
@@ -89,7 +86,7 @@ class RayExecutor:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
                 for ref in ready:
                     i, _ = pending.pop(ref)
-                    results[i] = self._collect(ref, i, jobs[i])
+                    results[i] = self._collect(ref, jobs[i])
                     progress.advance(bar)
                 now = time.monotonic()
                 for ref, (i, t0) in list(pending.items()):
@@ -100,11 +97,10 @@ class RayExecutor:
                         progress.advance(bar)
         return results
 
-    def _collect(self, ref: Any, i: int, job: Job) -> Any:
+    def _collect(self, ref: Any, job: Job) -> Any:
         ray = self._ray
         try:
-            result, self.nodes[i] = ray.get(ref)
-            return result
+            return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:  # the runner raised: as in the local executor
             raise exc.cause if isinstance(exc.cause, UserError) else exc from None
         except ray.exceptions.RayError as exc:  # node or worker lost after all retries, or cancelled
