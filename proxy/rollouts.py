@@ -24,7 +24,8 @@ def _not_found(what: str, ident: str) -> ProxyError:
 
 def rollout_json(r: Rollout) -> dict[str, Any]:
     return {"id": r.id, "task_id": r.task_id, "group_id": r.group_id, "run": r.run, "metadata": r.meta,
-            "status": r.status, "created_at": r.created_at, "finished_at": r.finished_at}
+            "status": r.status, "created_at": r.created_at, "finished_at": r.finished_at,
+            "errors": r.errors or 0}  # calls answered with an error (refused or failed) while it ran
 
 
 class Rollouts:

@@ -142,6 +142,17 @@ def _tokens(lab: Labeller | None, ids: np.ndarray | None, classes: np.ndarray | 
     return out
 
 
+def _reward_meta(meta: Any) -> dict[str, Any] | None:
+    """A reward's metadata for the page: its `output` (a test run's, kept whole as text) apart
+    from the other fields, shown as JSON."""
+    if not isinstance(meta, dict) or not meta:
+        return None
+    rest = {k: v for k, v in meta.items() if k != "output"}
+    output = meta.get("output")
+    return {"output": output if isinstance(output, str) else None,
+            "fields": json.dumps(rest, ensure_ascii=False, sort_keys=True) if rest else ""}
+
+
 def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
                  samples: Samples | None = None) -> dict[str, Any] | None:
     """Everything the rollout page shows; None when there is no such rollout. `tokenizer`: the
@@ -151,7 +162,7 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
         if ro is None:
             return None
         calls = conn.execute(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq)).all()
-        rewards = conn.execute(select(Reward.call_id, Reward.kind, Reward.name, Reward.value)
+        rewards = conn.execute(select(Reward.call_id, Reward.kind, Reward.name, Reward.value, Reward.meta)
                                .where(Reward.rollout_id == rollout_id).order_by(Reward.id)).all()
     lab = labeller(tokenizer) if tokenizer else None
     tokens: dict[str, CallTokens] = {}
@@ -201,7 +212,8 @@ def rollout_view(engine: Engine, rollout_id: str, tokenizer: str | None = None,
                     "duration": (ro.finished_at - ro.created_at) if ro.finished_at else None,
                     "meta": ro.meta},
         "outcome": outcome,
-        "rewards": [{"call_id": r.call_id, "kind": r.kind, "name": r.name, "value": r.value} for r in rewards],
+        "rewards": [{"call_id": r.call_id, "kind": r.kind, "name": r.name, "value": r.value,
+                     "meta": _reward_meta(r.meta)} for r in rewards],
         "tokenizer": tokenizer if lab is not None else None,
         "tokenizer_error": mismatch,
         "calls": [views[c.id] for c in calls],

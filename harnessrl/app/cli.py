@@ -79,7 +79,8 @@ def db_upgrade(
 def loop(
     harness: str = typer.Option(None, help=harness_help()),
     cmd: str = typer.Option(None, "--cmd", help="Instead of --harness: a shell line run per task and sample, with "
-                            "{task} (JSON file: id, input), {task_id}, {base_url}, {rollout}, {temperature}; "
+                            "{task} (JSON file: id, input), {input} (the task statement), {task_id}, {base_url}, {rollout}, "
+                            "{temperature}; "
                             "needs --tasks."),
     reward: str = typer.Option(None, "--reward", help="Compile-time outcome reward against the tasks' references "
                                "(f1 | exact_match | contains | module:fn); default: the reported outcome."),
@@ -109,6 +110,13 @@ def loop(
     rollout_deadline: float = typer.Option(None, "--rollout-deadline", help="Seconds after which a rollout still "
                                            "out is given up and counted as failed (a backstop above the harness's own "
                                            "timeout; default 3600)."),
+    sandbox: str = typer.Option(None, "--sandbox", help="--cmd: " + cli_tracing.SANDBOX_HELP),
+    timeout: float = typer.Option(1800, "--timeout", help="--cmd: seconds a rollout's command may run; then its "
+                                  "whole process tree is killed and the rollout fails."),
+    memory: str = typer.Option("8G", "--memory", help="--cmd: " + cli_tracing.MEMORY_HELP),
+    cpu_time: int = typer.Option(3600, "--cpu-time", help="--cmd: " + cli_tracing.CPU_HELP),
+    reward_cmd: str = typer.Option(None, "--reward-cmd", help="--cmd: " + cli_tracing.REWARD_CMD_HELP),
+    reward_mode: str = typer.Option("pass-fraction", "--reward-mode", help="--cmd: " + cli_tracing.REWARD_MODE_HELP),
     seed: int = typer.Option(0, help="Seed of tasks, sampling and training."),
     teacher: str = typer.Option(None, "--teacher", help="A stronger model's base URL: a warm-up round runs the "
                                 "harness against it first, and its best rollouts become expert traces (SFT warm "
@@ -140,6 +148,7 @@ def loop(
                         batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed,
                         upstream=upstream, executor=executor, ray_address=ray_address,
                         rollout_deadline=rollout_deadline,
+                        cmd_flags=cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode),
                         train_config=train_config))
 
 
@@ -154,6 +163,26 @@ def demo(
     from harnessrl.app.demo import run_demo
 
     run_demo(out, rounds, algo, sft_steps)
+
+
+@compiler_cli.tasks_app.command("coding")
+def tasks_coding(
+    out: Path = typer.Option(..., "--out", help="Folder for coding.jsonl (training then held-out tasks), "
+                             "train.jsonl and eval.jsonl."),
+    n_train: int = typer.Option(32, "--n-train", help="Training tasks."),
+    n_eval: int = typer.Option(8, "--n-eval", help="Held-out tasks (never sharing code with a training task)."),
+    seed: int = typer.Option(0, "--seed", help="Seed: the same seed writes the same tasks."),
+) -> None:
+    """Generate coding tasks: small Python repositories with a bug or a missing function, visible and hidden tests."""
+    from harnessrl.harness_examples.coding.tasks import write
+
+    if n_train < 0 or n_eval < 0 or n_train + n_eval == 0:
+        raise UserError("--n-train and --n-eval: counts of tasks, not both 0")
+    files = write(out, n_train, n_eval, seed)
+    fraction = n_eval / (n_train + n_eval)
+    Console().print(f"{n_train} training and {n_eval} held-out coding tasks in [bold]{files['all']}[/bold] "
+                    f"(loop: --tasks {files['all']} --n-tasks {n_train + n_eval} --eval-fraction {fraction:.4g})",
+                    soft_wrap=True)
 
 
 def _viewer(db: str, tokenizer: str | None):

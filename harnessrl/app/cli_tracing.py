@@ -15,6 +15,24 @@ _MITM_HELP = "The mitmdump of mitmproxy's own venv (default: $HARNESSRL_MITMDUMP
 _CA_HELP = "Directory of the interception CA (default: $HARNESSRL_HOME/mitmproxy, ~/.harnessrl/mitmproxy)."
 
 
+# the per-rollout options of `run` and `loop --cmd` (limited_run.RolloutFlags)
+SANDBOX_HELP = ("bwrap (bubblewrap: read-only system, writable workspace, no network but the proxy) | none; "
+                "default: bwrap for tasks with a workspace, else none. An unusable bwrap is an error, never skipped.")
+MEMORY_HELP = "Memory per process of the command (RLIMIT_DATA), e.g. 8G or 512M; 0: unlimited."
+CPU_HELP = "CPU seconds per process of the command (RLIMIT_CPU)."
+REWARD_CMD_HELP = ("Shell line run in the workspace (in the sandbox) after the command to score it; default for "
+                   "tasks with hidden tests: python -m pytest -q hidden_tests.")
+REWARD_MODE_HELP = "Reward from the tests: pass-fraction (passed / run) | all-pass (1 only if all pass)."
+
+
+def rollout_flags(sandbox: str | None, timeout: float | None, memory: str, cpu_time: int | None,
+                  reward_cmd: str | None, reward_mode: str):
+    from harnessrl.app.limited_run import RolloutFlags
+    from harnessrl.app.sandbox import parse_size
+
+    return RolloutFlags(sandbox, timeout, parse_size(memory), cpu_time, reward_cmd, reward_mode)
+
+
 def _exit_on_sigterm() -> None:
     """A SIGTERM unwinds like Ctrl-C, so mitmdump is stopped and the rollout finished, not orphaned."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -53,7 +71,16 @@ def register(app: typer.Typer) -> None:
         proxy: str = typer.Option(None, "--proxy", help="A running proxy (default: start one with --model, --db)."),
         model: Path = typer.Option(None, "--model", help="Without --proxy: checkpoint of the local backend."),
         db: str = typer.Option("runs.db", "--db", help="Without --proxy: the records DB."),
-        task: str = typer.Option(None, "--task", help="Task id of the rollout."),
+        task: str = typer.Option(None, "--task", help="Task id of the rollout (with --tasks: the task to run)."),
+        tasks: Path = typer.Option(None, "--tasks", help="A tasks JSONL (e.g. `harnessrl tasks coding`): run --task "
+                                   "of it, in a fresh copy of its workspace, scored by its hidden tests."),
+        sandbox: str = typer.Option(None, "--sandbox", help=SANDBOX_HELP),
+        timeout: float = typer.Option(None, "--timeout", help="Seconds the command may run; then its whole process "
+                                      "tree is killed and the rollout fails (default: no limit)."),
+        memory: str = typer.Option("8G", "--memory", help=MEMORY_HELP + " Applied with --sandbox, --timeout or --tasks."),
+        cpu_time: int = typer.Option(3600, "--cpu-time", help=CPU_HELP),
+        reward_cmd: str = typer.Option(None, "--reward-cmd", help=REWARD_CMD_HELP),
+        reward_mode: str = typer.Option("pass-fraction", "--reward-mode", help=REWARD_MODE_HELP),
         group: str = typer.Option(None, "--group", help="Group id of the rollout (GRPO group)."),
         run_tag: str = typer.Option(None, "--run", help="Run tag of the rollout."),
         agent: str = typer.Option("main", "--agent", help="Agent name of the command's calls."),
@@ -89,6 +116,10 @@ def register(app: typer.Typer) -> None:
             raise UserError("--teacher starts a proxy in front of the teacher: give it without --proxy and --model")
         opts = RunOptions(task=task, group=group, run=run_tag or ("teacher" if teacher else None), agent=agent,
                           reward_from=reward_from)
+        if tasks is not None or sandbox is not None or timeout is not None or reward_cmd is not None:
+            from harnessrl.app.limited_run import limit_run
+
+            opts = limit_run(opts, tasks, rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode))
         mentor = (teacher, teacher_key, teacher_dialect, teacher_model) if teacher else None
         raise typer.Exit(run_command(list(cmd or []), opts, proxy, model, db, icfg, teacher=mentor))
 

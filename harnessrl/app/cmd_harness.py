@@ -4,9 +4,13 @@ The template is a shell line run once per task and sample, through `harnessrl ru
 (`run_in_rollout`): a rollout is created for it, the base-URL variables point at it, and with
 `--intercept` one mitmdump (for the whole loop) catches hard-coded API hosts, each rollout's
 identity riding in its proxy URL. Placeholders, shell-quoted: {task} (a JSON file with the task's
-id and input), {task_id}, {base_url}, {rollout}, {temperature}. The outcome is `--reward-from`
-(exit-code | stdout-json | file: a file per rollout, its path in $HARNESSRL_REWARD_FILE), else whatever outcome reward the program reported itself (`$HARNESSRL_ROLLOUT`, `harnessrl reward`),
-and a compile-time `--reward` scores it against the task's reference either way.
+id and input), {input} (the task statement itself), {task_id}, {base_url}, {rollout}, {temperature}.
+Each rollout runs under `RolloutFlags` (limited_run.py: timeout, memory, CPU, sandbox); a coding
+task's rollout runs in a fresh copy of its workspace and is scored by its hidden tests. Otherwise
+the outcome is `--reward-from` (exit-code | stdout-json | file: a file per rollout, its path in
+$HARNESSRL_REWARD_FILE), else whatever outcome reward the program reported itself
+(`$HARNESSRL_ROLLOUT`, `harnessrl reward`), and a compile-time `--reward` scores it against the
+task's reference either way. Everything a rollout needs is made inside `run`, where it runs (a Ray node).
 """
 
 from __future__ import annotations
@@ -15,18 +19,23 @@ import itertools
 import json
 import re
 import shlex
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, split_tasks
 from harnessrl.app.intercept import InterceptConfig, Interceptor, start_intercept
+from harnessrl.app.limited_run import RolloutFlags, coding_task, limits_for
 from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, proxy_key, run_in_rollout
+from harnessrl.app.sandbox import ROOT
 from harnessrl.client import HarnessRL, Rollout
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import RolloutResult
 from harnessrl.tasks_file import TaskRow, read_tasks
 
-PLACEHOLDERS = ("{task}", "{task_id}", "{base_url}", "{rollout}", "{temperature}")
+PLACEHOLDERS = ("{task}", "{input}", "{task_id}", "{base_url}", "{rollout}", "{temperature}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -38,7 +47,8 @@ def fill(template: str, values: dict[str, str]) -> str:
     return out
 
 
-def cmd_harness(template: str, src: TaskSource, reward_from: str | None, intercept: bool) -> HarnessTasks:
+def cmd_harness(template: str, src: TaskSource, reward_from: str | None, intercept: bool,
+                flags: RolloutFlags | None = None) -> HarnessTasks:
     if not any(p in template for p in PLACEHOLDERS):
         raise UserError(f"--cmd: use at least one of {', '.join(PLACEHOLDERS)} (e.g. \"python agent.py {{task}}\")")
     if reward_from not in (None, "file", *REWARD_SOURCES):
@@ -46,12 +56,12 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
                         "$HARNESSRL_REWARD_FILE)")
     if src.tasks is None:
         raise UserError("--cmd: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
+    flags = flags or RolloutFlags()
     rows = read_tasks(src.tasks)[: src.n_tasks]
+    coding = {row.id: coding_task(row, src.tasks) for row in rows}
+    limits = limits_for(flags, list(coding.values()), reward_from)
     train, held = split_tasks(rows, src.eval_fraction)
-    inputs, logs = src.out / "cmd" / "tasks", src.out / "cmd" / "logs"
-    inputs.mkdir(parents=True, exist_ok=True)
-    for row in rows:
-        (inputs / f"{_UNSAFE.sub('_', row.id)}.json").write_text(json.dumps({"id": row.id, "input": row.input}))
+    logs = src.out / "cmd" / "logs"
     numbers = itertools.count()
     held_icpt: list[Interceptor] = []
 
@@ -70,23 +80,37 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
                 held_icpt.clear()
 
     def run(url: str, task: TaskRow, group_id: str, run_tag: str, temperature: float) -> RolloutResult:
+        safe = _UNSAFE.sub("_", task.id)
+        ROOT.mkdir(parents=True, exist_ok=True)
+        # the {task} file, readable in a sandbox (the folder is bound in, read-only)
+        task_dir = Path(tempfile.mkdtemp(prefix="task-", dir=ROOT))
+        (task_dir / f"{safe}.json").write_text(json.dumps({"id": task.id, "input": task.input}))
+        text = task.input if isinstance(task.input, str) else json.dumps(task.input)
+
         def command(ro: Rollout) -> str:
-            return fill(template, {"task": str(inputs / f"{_UNSAFE.sub('_', task.id)}.json"), "task_id": task.id,
+            return fill(template, {"task": str(task_dir / f"{safe}.json"), "input": text, "task_id": task.id,
                                    "base_url": ro.base_url("main"), "rollout": ro.id, "temperature": f"{temperature:g}"})
 
-        log_path = logs / run_tag / f"{_UNSAFE.sub('_', task.id)}.{next(numbers)}.log"
+        log_path = logs / run_tag / f"{safe}.{next(numbers)}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         per_rollout = str(log_path.with_suffix(".reward")) if reward_from == "file" else reward_from
-        opts = RunOptions(task=task.id, group=group_id, run=run_tag, reward_from=per_rollout)
-        with HarnessRL(url, api_key=proxy_key()) as client, open(log_path, "w") as log:
-            result = run_in_rollout(client, command, opts, held_icpt[0] if held_icpt else None, stdout=log,
-                                    extra_env={"HARNESSRL_TEMPERATURE": f"{temperature:g}"})
-            outcome = result.outcome
-            if outcome is None:  # the program may have reported it itself
-                rewards = client.get_rollout(result.rollout_id)["rewards"]
-                outcome = next((r["value"] for r in reversed(rewards) if r["kind"] == "outcome"), None)
-        return RolloutResult(rollout_id=result.rollout_id, task_id=task.id, outcome=outcome or 0.0,
-                             metrics={"exit_code": float(result.exit_code)},
-                             error=None if result.exit_code == 0 else f"exit code {result.exit_code}, see {log_path}")
+        opts = RunOptions(task=task.id, group=group_id, run=run_tag, reward_from=per_rollout, limits=limits,
+                          coding=coding.get(task.id), reward_cmd=flags.reward_cmd, reward_mode=flags.reward_mode,
+                          readable=(task_dir,))
+        try:
+            with HarnessRL(url, api_key=proxy_key()) as client, open(log_path, "w") as log:
+                result = run_in_rollout(client, command, opts, held_icpt[0] if held_icpt else None, stdout=log,
+                                        extra_env={"HARNESSRL_TEMPERATURE": f"{temperature:g}"})
+                outcome = result.outcome
+                if outcome is None and result.error is None:  # the program may have reported it itself
+                    rewards = client.get_rollout(result.rollout_id)["rewards"]
+                    outcome = next((r["value"] for r in reversed(rewards) if r["kind"] == "outcome"), None)
+        finally:
+            shutil.rmtree(task_dir, ignore_errors=True)
+        metrics = {"exit_code": float(result.exit_code), **result.metrics}
+        error = None if result.error is None else f"{result.error}, see {log_path}"
+        # a failed rollout's outcome is a placeholder: `error` says it is not a score (and compile leaves it out)
+        return RolloutResult(rollout_id=result.rollout_id, task_id=task.id, outcome=outcome or 0.0, metrics=metrics,
+                             error=error)
 
     return HarnessTasks(train, held, run, lambda t: t.id, src.tasks, around=around)

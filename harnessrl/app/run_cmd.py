@@ -25,6 +25,8 @@ from rich.console import Console
 
 from harnessrl.app.codex_home import KEY_ENV, codex_home
 from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
+from harnessrl.app.sandbox import Limits
+from harnessrl.app.workspace import CodingTask
 from harnessrl.client import HarnessRL, HarnessRLError, Rollout
 from harnessrl.errors import UserError
 
@@ -40,6 +42,12 @@ class RunOptions:
     agent: str = "main"
     reward_from: str | None = None  # exit-code | stdout-json | a file the command writes its outcome to
     metadata: dict | None = None
+    limits: Limits | None = None  # timeout, memory, CPU, sandbox (sandbox.py, limited_run.py); None: the command runs as it is
+    coding: CodingTask | None = None  # a workspace to copy fresh and hidden tests to score it
+    workspace: Path | None = None  # without `coding`: the folder a limited command runs (and may write) in
+    reward_cmd: str | None = None  # scores the workspace after the command (default: the task's, or pytest)
+    reward_mode: str = "pass-fraction"
+    readable: tuple[Path, ...] = ()  # host folders a sandboxed command reads (e.g. its {task} file's)
 
 
 @dataclass
@@ -48,6 +56,8 @@ class RunResult:
     exit_code: int
     outcome: float | None
     warnings: list[str] = field(default_factory=list)
+    error: str | None = None  # what went wrong (crash, timeout, refused calls); with no outcome, finished as failed
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def proxy_key() -> str | None:
@@ -140,9 +150,10 @@ def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout],
                    stdout: IO | None = None, on_created=None, extra_env: dict[str, str] | None = None,
                    keep_open: bool = False) -> RunResult:
     """Create a rollout, run `cmd` in it (argv, shell line, or a function of the rollout giving the
-    shell line), report its outcome, finish it (also when the command could not start or was interrupted).
-    `interceptor`: a running one, or a function that starts one for this rollout. `keep_open`:
-    a rollout whose command ran to its end stays running (its outcome comes later)."""
+    shell line), report its outcome, finish it (also when the command could not start or was interrupted;
+    as failed when it crashed or timed out under `opts.limits`). `interceptor`: a running one, or a
+    function that starts one for this rollout. `keep_open`: a rollout whose command ran to its end
+    stays running (its outcome comes later)."""
     check_reward_from(opts.reward_from)
     ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata)
     if on_created is not None:
@@ -151,32 +162,46 @@ def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout],
         with ExitStack() as stack:
             if callable(interceptor):
                 interceptor = stack.enter_context(interceptor(ro))
-            code, outcome, warning = _run_and_score(ro, client.url, cmd, opts, interceptor, stdout, extra_env)
+            result = _run_and_score(ro, client.url, cmd, opts, interceptor, stdout, extra_env)
     except BaseException:
         ro.finish()
         raise
-    if not keep_open:
+    if result.error is not None and result.outcome is None:
+        ro.finish(error=result.error)  # failed: no outcome to learn from (one with an outcome keeps it)
+    elif not keep_open:
         ro.finish()
-    return RunResult(ro.id, code, outcome, [warning] if warning else [])
+    return result
 
 
 def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, interceptor: Interceptor | None,
-                   stdout: IO | None, extra_env: dict[str, str] | None) -> tuple[int, float | None, str | None]:
+                   stdout: IO | None, extra_env: dict[str, str] | None) -> RunResult:
     if callable(cmd):
         cmd = cmd(ro)
     env = {**os.environ, **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
     with codex_home(ro.base_url(opts.agent), env) as home:
         env["CODEX_HOME"] = str(home)  # Codex ignores OPENAI_BASE_URL: a provider config instead
-        return _score(ro, cmd, opts, env, stdout)
+        if opts.limits is not None:
+            from harnessrl.app.limited_run import run_limited_rollout  # it imports this module's helpers
+
+            urls = [proxy_url] + ([interceptor.url] if interceptor is not None else [])
+            return run_limited_rollout(ro, cmd, opts, env, stdout, urls, home)
+        code, outcome, warning = _score(ro, cmd, opts, env, stdout)
+        return RunResult(ro.id, code, outcome, [warning] if warning else [])
+
+
+def reward_file_of(opts: RunOptions, env: dict[str, str]) -> Path | None:
+    """`--reward-from FILE`: the file (a stale one removed), its path in $HARNESSRL_REWARD_FILE."""
+    if opts.reward_from in (None, *REWARD_SOURCES):
+        return None
+    reward_file = Path(opts.reward_from).resolve()
+    reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
+    env["HARNESSRL_REWARD_FILE"] = str(reward_file)
+    return reward_file
 
 
 def _score(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
            stdout: IO | None) -> tuple[int, float | None, str | None]:
-    reward_file = None
-    if opts.reward_from not in (None, *REWARD_SOURCES):
-        reward_file = Path(opts.reward_from).resolve()
-        reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
-        env["HARNESSRL_REWARD_FILE"] = str(reward_file)
+    reward_file = reward_file_of(opts, env)
     try:
         code, last = _execute(cmd, env, stdout, opts.reward_from == "stdout-json")
     except OSError as exc:

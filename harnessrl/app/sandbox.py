@@ -53,6 +53,7 @@ class Mounts:
     workspace: Path  # writable, the command's working directory
     writable: tuple[Path, ...] = ()  # more host paths the command must write (CODEX_HOME, a reward file's folder)
     hidden: tuple[Path, ...] = ()  # host paths the command must not read (the tasks file, hidden tests)
+    readable: tuple[Path, ...] = ()  # host paths under ROOT it reads (a {task} file's folder)
 
 
 @dataclass
@@ -218,6 +219,8 @@ def argv_for(cmd: list[str] | str, limits: Limits, mounts: Mounts, host_relay: H
             args += ["--tmpfs", str(path)]
         elif path.exists():
             args += ["--ro-bind", "/dev/null", str(path)]
+    for path in mounts.readable:
+        args += ["--ro-bind", str(path), str(path)]
     for path in (*mounts.writable, mounts.workspace, host_relay.dir):
         if path.exists():
             args += ["--bind", str(path), str(path)]

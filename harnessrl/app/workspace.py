@@ -110,13 +110,12 @@ def score(output: str, done: Finished, mode: str) -> TestOutcome:
     return TestOutcome(counts["passed"] / total, meta)
 
 
-def run_hidden_tests(task: CodingTask, ws: Path, reward_cmd: str | None, mode: str, env: dict[str, str],
+def run_hidden_tests(hidden_tests: Any | None, ws: Path, cmd: str, mode: str, env: dict[str, str],
                      limits: Limits, mounts: Mounts, host_relay: HostRelay | None) -> TestOutcome:
-    """Lay the hidden tests over the workspace and run the reward command in it."""
-    if task.hidden_tests is not None:
+    """Lay the hidden tests (if any) over the workspace and run the reward command in it."""
+    if hidden_tests is not None:
         shutil.rmtree(ws / HIDDEN_DIR, ignore_errors=True)
-        lay(task.hidden_tests, ws)
-    cmd = reward_cmd or task.reward_cmd or default_reward_cmd()
+        lay(hidden_tests, ws)
     log = ws.parent / f"{ws.name}.reward.log"
     try:
         with open(log, "w+") as out:

@@ -1,0 +1,162 @@
+"""One rollout's command under limits: in its workspace, sandboxed or not, scored by hidden tests.
+
+The rules a user training coding agents relies on (docs/coding.md, "Sandbox and rewards"):
+- the command runs with its working directory the rollout's workspace (a fresh copy of the
+  task's, or `RunOptions.workspace`), under `Limits` (sandbox.py), to its end or its timeout;
+- a command that exits non-zero or times out is a failed rollout: no outcome is recorded (its
+  tests are not run: an agent that crashed after a lucky edit is not a success), and the rollout
+  is finished as failed with the reason, which compile leaves out;
+- a command that ran to its end gets the hidden tests' reward (workspace.py), with the test output
+  as the reward's metadata; calls the proxy refused do not change that reward (they are counted in
+  the rollout's `errors`, and compile leaves such rollouts out unless `--on-call-error keep`),
+  but the result's `error` names them so the loop counts the rollout as failed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+from harnessrl.app.run_cmd import RunOptions, RunResult, outcome_of, reward_file_of
+from harnessrl.app.sandbox import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
+from harnessrl.app.workspace import REWARD_MODES, CodingTask, check_tree, default_reward_cmd, fresh_workspace, \
+    run_hidden_tests
+from harnessrl.client import Rollout
+from harnessrl.errors import UserError
+from harnessrl.tasks_file import TaskRow, read_tasks
+
+DEFAULT_TIMEOUT = 1800.0  # seconds a `loop --cmd` rollout may run
+
+
+@dataclass(frozen=True)
+class RolloutFlags:
+    """The per-rollout options of `harnessrl run` and `loop --cmd`."""
+    sandbox: str | None = None  # bwrap | none; None: bwrap for tasks with a workspace, else none
+    timeout: float | None = DEFAULT_TIMEOUT
+    memory: int | None = 8 << 30  # bytes per process
+    cpu_time: int | None = 3600  # CPU seconds per process
+    reward_cmd: str | None = None  # default: the task's, else pytest on its hidden tests
+    reward_mode: str = "pass-fraction"
+
+
+def coding_task(row: TaskRow, tasks_file: Path) -> CodingTask | None:
+    """The row's workspace and hidden tests (None for a task without either), their folders checked now."""
+    if row.workspace is None and row.hidden_tests is None:
+        return None
+    check_tree(row.workspace, f"task {row.id}: workspace")
+    check_tree(row.hidden_tests, f"task {row.id}: hidden_tests")
+    folders = tuple(t for t in (row.workspace, row.hidden_tests) if isinstance(t, Path))
+    return CodingTask(row.workspace, row.hidden_tests, row.reward_cmd, (tasks_file.resolve(), *folders))
+
+
+def limits_for(flags: RolloutFlags, tasks: list[CodingTask | None], reward_from: str | None) -> Limits:
+    """The checked limits of these tasks' rollouts; one line for options that cannot go together."""
+    if flags.reward_mode not in REWARD_MODES:
+        raise UserError(f"--reward-mode {flags.reward_mode!r}: use {' | '.join(REWARD_MODES)}")
+    if flags.reward_cmd is not None and not flags.reward_cmd.strip():
+        raise UserError("--reward-cmd: a shell command line, e.g. 'python -m pytest -q hidden_tests'")
+    scored = flags.reward_cmd is not None or any(t is not None and t.hidden_tests is not None for t in tasks)
+    if scored and reward_from is not None:
+        raise UserError("--reward-from: the tasks' hidden tests (or --reward-cmd) give the reward; drop --reward-from")
+    sandbox = flags.sandbox or ("bwrap" if any(t is not None and t.workspace is not None for t in tasks) else "none")
+    limits = Limits(sandbox, flags.timeout, flags.memory, flags.cpu_time)
+    check_limits(limits)
+    return limits
+
+
+def limit_run(opts: RunOptions, tasks: Path | None, flags: RolloutFlags) -> RunOptions:
+    """`harnessrl run` with limits: with --tasks, its --task's workspace and tests; without, the
+    command runs (and may write) in the current folder."""
+    task = None
+    if tasks is not None:
+        if opts.task is None:
+            raise UserError("--tasks: name the task to run with --task ID")
+        row = next((r for r in read_tasks(tasks) if r.id == opts.task), None)
+        if row is None:
+            raise UserError(f"--task {opts.task!r}: no such task in {tasks}")
+        task = coding_task(row, tasks)
+    limits = limits_for(flags, [task], opts.reward_from)
+    return replace(opts, limits=limits, coding=task, workspace=Path.cwd(), reward_cmd=flags.reward_cmd,
+                   reward_mode=flags.reward_mode)
+
+
+def _sandbox_env(env: dict[str, str], urls: list[str]) -> dict[str, str]:
+    """Base URLs rewritten to 127.0.0.1 at the same port, where the sandbox's relays listen."""
+    out = dict(env)
+    for url in urls:
+        origin, local = url.rstrip("/"), local_url(url.rstrip("/"))
+        if origin != local:
+            out = {k: v.replace(origin, local) for k, v in out.items()}
+    return out
+
+
+def _run(cmd, env: dict[str, str], opts: RunOptions, mounts: Mounts, host_relay,
+         stdout: IO | None) -> tuple[Finished, str | None]:
+    """The command's end and, for `--reward-from stdout-json`, its last non-empty stdout line."""
+    limits = opts.limits
+    assert limits is not None
+    if opts.reward_from != "stdout-json":
+        return run_limited(cmd, env, limits, mounts, host_relay, stdout), None
+    if stdout is not None:  # the output goes to a file: its last line is read back from there
+        done = run_limited(cmd, env, limits, mounts, host_relay, stdout)
+        stdout.flush()
+        lines = [ln for ln in Path(stdout.name).read_text(errors="replace").splitlines() if ln.strip()]
+        return done, lines[-1] if lines else None
+    last: list[str] = []
+
+    def tee(line: bytes) -> None:  # passed on as it comes: the command's output is still the user's
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+        if line.strip():
+            last[:] = [line.decode(errors="replace").strip()]
+
+    return run_limited(cmd, env, limits, mounts, host_relay, None, on_line=tee), (last or [None])[0]
+
+
+def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str], stdout: IO | None,
+                        urls: list[str], codex_home: Path) -> RunResult:
+    limits, task = opts.limits, opts.coding
+    assert limits is not None
+    ws = fresh_workspace(task) if task is not None and task.workspace is not None else (opts.workspace or Path.cwd())
+    try:
+        env = {**env, "HARNESSRL_WORKSPACE": str(ws)}
+        reward_file = reward_file_of(opts, env)
+        writable = (codex_home,) + ((reward_file.parent,) if reward_file is not None else ())
+        mounts = Mounts(ws, writable, task.source_paths if task is not None else (), opts.readable)
+        with relay(limits, urls) as host_relay:
+            if host_relay is not None:
+                env = _sandbox_env(env, urls)
+            done, last = _run(cmd, env, opts, mounts, host_relay, stdout)
+            metrics = {"exit_code": float(done.code), "harness_seconds": round(done.seconds, 3),
+                       "timed_out": float(done.timed_out)}
+            if done.timed_out:
+                return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s", metrics=metrics)
+            failed = f"exit code {done.code}" if done.code != 0 else None
+            if not (task is not None and task.hidden_tests is not None or opts.reward_cmd is not None):
+                # scored by the command itself: `--reward-from exit-code` makes a crash its 0
+                outcome, warning = outcome_of(opts.reward_from, done.code, last, reward_file)
+                if outcome is not None:
+                    ro.reward(outcome)
+                return RunResult(ro.id, done.code, outcome, [warning] if warning else [], failed, metrics)
+            if failed:
+                return RunResult(ro.id, done.code, None, error=failed, metrics=metrics)
+            cmd = opts.reward_cmd or (task.reward_cmd if task is not None else None) or default_reward_cmd()
+            tests = run_hidden_tests(task.hidden_tests if task is not None else None, ws, cmd, opts.reward_mode, env,
+                                     limits, mounts, host_relay)
+    finally:
+        if task is not None and task.workspace is not None:
+            shutil.rmtree(ws, ignore_errors=True)
+    meta = tests.metadata
+    metrics.update(reward_seconds=float(meta["seconds"]), tests_passed=float(meta.get("passed", 0)),
+                   tests_total=float(meta.get("passed", 0) + meta.get("failed", 0) + meta.get("errors", 0)))
+    if tests.reward is None:
+        return RunResult(ro.id, done.code, None, error=tests.error, metrics=metrics)
+    ro.reward(tests.reward, "tests", metadata=meta)
+    all_pass = meta.get("failed", 0) + meta.get("errors", 0) == 0 and meta["exit_code"] == 0 and not meta["timed_out"]
+    metrics["success"] = 1.0 if all_pass else 0.0
+    refused = int(ro.get().get("errors") or 0)
+    error = f"{refused} call{'s' if refused != 1 else ''} refused by the proxy" if refused else None
+    return RunResult(ro.id, done.code, tests.reward, metrics=metrics, error=error)
