@@ -5,7 +5,8 @@
 Each length runs in its own process (a fresh peak): one sample of that many tokens, a synthetic
 coding-CLI session (tests/trainer_fixtures.session_rows: tool schemas, then tool-call turns and
 tool results) through the compiler's sample format, trained for 2 steps of batch 1 by
-HarnessTrainer (grpo; packed rows, activation checkpointing from 8192 tokens). Step time: the
+HarnessTrainer (grpo; packed rows; activation checkpointing at every length unless
+--checkpointing auto: the trainer's default, on from 8192 tokens). Step time: the
 second step (the first warms up). Memory: on CPU the process's peak RSS over its RSS before
 training (the interpreter, torch, the model); on a GPU the peak allocated CUDA memory over the
 weights. The slope is a least-squares fit of that memory against tokens: linear memory means a
@@ -32,7 +33,7 @@ SHAPE_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, 
                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=131072, tie_word_embeddings=True)
 
 
-def one(model_dir: str, shape: str, tokens: int, work: Path) -> dict:
+def one(model_dir: str, shape: str, tokens: int, work: Path, checkpointing: bool | None) -> dict:
     """Train one sample of `tokens` tokens for 2 steps in this process; measure the second."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
@@ -51,7 +52,7 @@ def one(model_dir: str, shape: str, tokens: int, work: Path) -> dict:
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir)
     cfg = TrainConfig(samples=str(samples), model=model_dir, out=str(work / "out"), steps=2, batch_size=1, lr=1e-6,
-                      report_to="none", bf16=shape == "0.5b" and cuda).validate()
+                      report_to="none", bf16=shape == "0.5b" and cuda, gradient_checkpointing=checkpointing).validate()
 
     class Clock(TrainerCallback):
         marks: list[float] = []
@@ -93,13 +94,16 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model (and tokenizer) directory (default: build the tiny test model)")
     ap.add_argument("--lengths", default="4096,16384,40960,102400")
     ap.add_argument("--shape", choices=("tiny", "0.5b"), default="tiny", help="0.5b: random Qwen2.5-0.5B shape, tokenizer from --model")
+    ap.add_argument("--checkpointing", choices=("on", "off", "auto"), default="on",
+                    help="activation checkpointing at every length (default on: one regime, a clean slope); auto: the trainer's default")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per length")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # the per-length worker
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-long-"))
     if a.one is not None:
-        Path(a.out).write_text(json.dumps(one(a.model, a.shape, a.one, work)))
+        checkpointing = {"on": True, "off": False, "auto": None}[a.checkpointing]
+        Path(a.out).write_text(json.dumps(one(a.model, a.shape, a.one, work, checkpointing)))
         return
     if a.model is None:
         from harnessrl.tiny_model import build_tiny_model
@@ -108,7 +112,8 @@ def main() -> None:
     rows = []
     for n in (int(x) for x in a.lengths.split(",")):
         out = work / f"r{n}.json"
-        cmd = [sys.executable, __file__, "--model", a.model, "--shape", a.shape, "--one", str(n), "--out", str(out)]
+        cmd = [sys.executable, __file__, "--model", a.model, "--shape", a.shape, "--checkpointing", a.checkpointing,
+               "--one", str(n), "--out", str(out)]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
         except subprocess.TimeoutExpired:

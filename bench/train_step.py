@@ -99,7 +99,7 @@ def main() -> None:
     def fresh_model():
         return AutoModelForCausalLM.from_pretrained(a.model).to(device)
 
-    part, report = build_partition(fresh_model(), data.samples, tok.pad_token_id)
+    part, report = build_partition(fresh_model(), data.samples)
     write_outputs(part, report, tmp / "partition.pt")
 
     def cfg(**kw):

@@ -21,7 +21,7 @@ def setup(tmp_path_factory, tiny_model_dir):
     samples = tiny_samples(root / "samples", tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    part, report = build_partition(model, load_samples(samples).samples, tok.pad_token_id, rho=0.25)
+    part, report = build_partition(model, load_samples(samples).samples, rho=0.25)
     paths = write_outputs(part, report, root / "part" / "partition.pt")
     return samples, paths
 

@@ -218,7 +218,7 @@ def test_capo_activation_stats_by_hand_on_two_layers(tmp_path, tiny_model_dir):
     samples = load_samples(tiny_samples(tmp_path, tiny_model_dir, n_tasks=2, k=1, rewards=[1.0, 1.0])).samples
     samples[1] = _sample("long", [samples[1].input_ids[0]] * 3 + samples[1].input_ids, samples[1].prompt_len + 3,
                          [0] * 3 + samples[1].loss_mask, [NAN] * 3 + samples[1].behaviour_logprob, [0] * 3 + samples[1].token_class)
-    got = activation_stats(model, samples, tok.pad_token_id)
+    got = activation_stats(model, samples)
 
     mlps = [layer.mlp for layer in model.model.layers]
     want = {"action": [], "args": []}

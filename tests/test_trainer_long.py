@@ -102,8 +102,27 @@ def test_sample_over_budget_is_a_user_error_or_truncated(tmp_path, tiny_model_di
 
 
 def _worker(out: Path, argv: list[str]) -> None:
-    """Run the CLI in this process; write its exit code and this process's peak RSS."""
+    """Run the CLI in this process; write its exit code and this process's peak RSS. With
+    LIMIT_EXTRA_MB set, the first micro-batch starts under an address-space limit that much above
+    what the process maps then: a machine with that little memory left for the step."""
+    import os
+
     from harnessrl.app.cli import main
+
+    extra = os.environ.get("LIMIT_EXTRA_MB")
+    if extra:
+        from harnessrl.trainer.grpo import HarnessTrainer
+
+        prepare = HarnessTrainer._prepare_inputs
+
+        def limited(self, generation_batch):
+            if not getattr(self, "_limited", False):
+                self._limited = True
+                mapped = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmSize:"))
+                resource.setrlimit(resource.RLIMIT_AS, (mapped + int(extra) * MiB, resource.RLIM_INFINITY))
+            return prepare(self, generation_batch)
+
+        HarnessTrainer._prepare_inputs = limited
 
     sys.argv = ["harnessrl", *argv]
     code = 0
@@ -114,11 +133,11 @@ def _worker(out: Path, argv: list[str]) -> None:
     out.write_text(json.dumps({"code": code, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def _run_cli(tmp_path: Path, *argv: str, preexec=None) -> tuple[dict, subprocess.CompletedProcess]:
+def _run_cli(tmp_path: Path, *argv: str, **env_extra: str) -> tuple[dict, subprocess.CompletedProcess]:
     out = tmp_path / "result.json"
-    env = {"OMP_NUM_THREADS": "2", "PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    r = subprocess.run([sys.executable, __file__, str(out), *argv], capture_output=True, text=True, env=env, timeout=900,
-                       preexec_fn=preexec)
+    env = {"OMP_NUM_THREADS": "2", "PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
+           **env_extra}
+    r = subprocess.run([sys.executable, __file__, str(out), *argv], capture_output=True, text=True, env=env, timeout=900)
     return (json.loads(out.read_text()) if out.is_file() else {}), r
 
 
@@ -158,6 +177,18 @@ def test_two_40k_sessions_train_in_one_step_of_batch_4(tmp_path, tiny_model_dir)
     assert (tmp_path / "ck" / "long" / "config.json").is_file()
     assert "per step and process (4 samples a step), activation checkpointing on" in r.stderr
     assert got["peak"] < 3 * 2**30, f"peak RSS {got['peak'] / MiB:.0f} MiB"
+
+
+def test_out_of_memory_is_one_line_naming_the_micro_batch(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    samples = write_samples(tmp_path / "s", session_rows(AutoTokenizer.from_pretrained(tiny_model_dir), 16384, 1))
+    got, r = _run_cli(tmp_path, "train", str(samples), "--model", str(tiny_model_dir), "--steps", "1", "--batch-size", "1",
+                      "--out", str(tmp_path / "ck"), LIMIT_EXTRA_MB="64")
+    assert got.get("code") == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert ("out of memory training a micro-batch of 1 sample(s), 16384 tokens (longest: sample s0/main/c0, 16384 tokens; "
+            "--max-tokens-per-microbatch") in r.stderr and "--max-sample-tokens" in r.stderr, r.stderr[-3000:]
 
 
 if __name__ == "__main__":

@@ -139,8 +139,7 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
 
     # The tiny model's random replies make no tool calls, so the partition is probed on fixture samples.
     probe = tiny_samples(tmp_path / "probe", tiny_model_dir)
-    part, report = build_partition(AutoModelForCausalLM.from_pretrained(tiny_model_dir), load_samples(probe).samples,
-                                   AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id)
+    part, report = build_partition(AutoModelForCausalLM.from_pretrained(tiny_model_dir), load_samples(probe).samples)
     write_outputs(part, report, tmp_path / "partition.pt")
     capo = make_trainer(CapoTrainer, tiny_model_dir, out, algo="capo", partition=str(tmp_path / "partition.pt"), batch_size=4)
     capo.train()

@@ -17,7 +17,8 @@ import torch
 
 from harnessrl.samples import ACTION, ARGS
 from harnessrl.errors import UserError
-from harnessrl.trainer.data import Sample, collate
+from harnessrl.trainer.data import Sample
+from harnessrl.trainer.packing import pack, use_packed_attention
 
 CLASSES = {"action": ACTION, "args": ARGS}
 
@@ -40,39 +41,53 @@ def probe_set(samples: list[Sample], threshold: float | None = None) -> list[Sam
     return [s for s in samples if s.outcome_reward > 0 and s.outcome_reward == best[s.group_id or s.rollout_id]]
 
 
+def probe_rows(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Consecutive samples grouped into packed rows of at most `max_tokens` tokens (a longer one alone)."""
+    rows: list[list[Sample]] = [[]]
+    for s in samples:
+        if rows[-1] and sum(len(x.input_ids) for x in rows[-1]) + len(s.input_ids) > max_tokens:
+            rows.append([])
+        rows[-1].append(s)
+    return [r for r in rows if r]
+
+
 @torch.no_grad()
-def activation_stats(model: torch.nn.Module, samples: list[Sample], pad_id: int, batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """a^k_{l,u} = mean over probe tokens of class k of |h_{l,u}(t)|, as (layers, units) per class."""
+def activation_stats(model: torch.nn.Module, samples: list[Sample], max_tokens: int = 32768) -> dict[str, torch.Tensor]:
+    """a^k_{l,u} = mean over probe tokens of class k of |h_{l,u}(t)|, as (layers, units) per class.
+
+    The samples run packed (trainer/packing.py) and each layer's activations are summed over the
+    selected positions as they are made, so memory is linear in a sample's length."""
     mlps = mlp_modules(model)
-    sums = {k: None for k in CLASSES}
+    units = mlps[0][1].down_proj.in_features
+    sums = {k: torch.zeros(len(mlps), units) for k in CLASSES}
     counts = dict.fromkeys(CLASSES, 0.0)
-    captured: list[torch.Tensor] = [None] * len(mlps)  # type: ignore[list-item]
+    at: dict[str, torch.Tensor] = {}  # class → packed positions of this row's class tokens
 
     def hook(i):
         def fn(_module, args):
-            captured[i] = args[0].detach().abs().float()
+            for name, pos in at.items():
+                sums[name][i] += args[0][0, pos].detach().abs().float().sum(0).cpu()
         return fn
 
     handles = [m.down_proj.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(mlps)]
     device = next(model.parameters()).device
+    use_packed_attention(model)
     try:
         model.eval()
-        for start in range(0, len(samples), batch_size):
-            b = collate(samples[start:start + batch_size], pad_id, device)
-            ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
-            attn = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
-            model(input_ids=ids, attention_mask=attn)
+        for row in probe_rows(samples, max_tokens):
+            width = max(len(s.input_ids) - s.prompt_len for s in row)
+            cls = torch.zeros((len(row), width), dtype=torch.long)
+            for i, s in enumerate(row):
+                trained = [c if m else 0 for c, m in zip(s.token_class[s.prompt_len:], s.loss_mask[s.prompt_len:])]
+                cls[i, :len(trained)] = torch.tensor(trained, dtype=torch.long)
+            packed = pack([torch.tensor(s.input_ids) for s in row], [s.prompt_len for s in row], width, device)
             # A token is produced at the position before it: that is where its log-prob (and the
             # gradient CAPO routes) comes from, so its activation is read there.
-            P = b["prompt_ids"].size(1)
-            if P == 0:
-                raise UserError("samples with an empty prompt cannot be probed")
             for name, code in CLASSES.items():
-                sel = (b["token_class"] == code) & (b["loss_mask"] > 0)  # (B, C) over completion positions
-                acts = torch.stack([c[:, P - 1:-1, :][sel] for c in captured])  # (L, N, I)
-                s = acts.sum(1)
-                sums[name] = s if sums[name] is None else sums[name] + s
+                sel = (cls.to(device) == code) & packed.valid
+                at[name] = packed.index[sel]
                 counts[name] += float(sel.sum())
+            model(input_ids=packed.input_ids, position_ids=packed.position_ids, packed_bounds=packed.bounds)
     finally:
         for h in handles:
             h.remove()
@@ -80,7 +95,7 @@ def activation_stats(model: torch.nn.Module, samples: list[Sample], pad_id: int,
     for name in CLASSES:
         if not counts[name]:
             raise UserError(f"the probe set has no {name} tokens: compile with token classes, or lower the probe threshold")
-        out[name] = (sums[name] / counts[name]).cpu()
+        out[name] = sums[name] / counts[name]
     return out
 
 
@@ -121,7 +136,7 @@ class Partition:
             raise UserError(f"{p} is not a CAPO partition file ({type(exc).__name__})") from None
 
 
-def build_partition(model, samples: list[Sample], pad_id: int, rho: float = 0.25, by: str = "activation",
+def build_partition(model, samples: list[Sample], rho: float = 0.25, by: str = "activation",
                     threshold: float | None = None) -> tuple[Partition, dict]:
     if not 0 < rho <= 1:
         raise UserError(f"rho must be in (0, 1], got {rho}")
@@ -130,7 +145,7 @@ def build_partition(model, samples: list[Sample], pad_id: int, rho: float = 0.25
     probe = probe_set(samples, threshold)
     if not probe:
         raise UserError("no successful rollout in the samples to probe (no group has a best outcome > 0)")
-    stats = activation_stats(model, probe, pad_id)
+    stats = activation_stats(model, probe)
     if by == "contrast":
         act, args = top_units(stats["action"] - stats["args"], rho), top_units(stats["args"] - stats["action"], rho)
     else:

@@ -79,8 +79,8 @@ def register(app: typer.Typer) -> None:
         from harnessrl.trainer.run import load_model
 
         data = load_samples(samples)
-        m, tok = load_model(model)
-        part, report = build_partition(m, data.samples, tok.pad_token_id, rho=rho, by=by, threshold=threshold)
+        m, _ = load_model(model)
+        part, report = build_partition(m, data.samples, rho=rho, by=by, threshold=threshold)
         paths = write_outputs(part, report, out)
         table = Table(title=f"CAPO importance ({report['probe_samples']} probe samples)")
         for col in ("layer", "action", "args", "overlap"):
