@@ -85,3 +85,37 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
     assert samples and set(samples) <= {r.id for r in counted}
     for run in ("eval-initial", "eval-0-a1"):  # the held-out task, once each time, on Ray too
         assert [r.status for r in rollouts.values() if r.run == run] == ["finished"]
+
+
+def test_a_hung_ray_rollout_is_cancelled_at_its_deadline_and_failed(cluster, tiny_model_dir, tmp_path):
+    from harnessrl.app.cmd_harness import cmd_harness
+    from harnessrl.app.executors import jobs_for, settle
+    from harnessrl.app.harnesses import TaskSource
+    from harnessrl.app.ray_rollouts import RayExecutor
+    from harnessrl.client import HarnessRL
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+
+    c, _ = cluster
+    markers, tag = tmp_path / "markers", "round-0-a1"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "input": "Say hi"}) + "\n" + json.dumps({"id": "t1", "input": "hang"}) + "\n")
+    h = cmd_harness(f"{sys.executable} {AGENT} {{task}} {markers}", TaskSource(tasks, None, tmp_path, 2, 0.5, 0),
+                    "stdout-json", False)
+    ex = RayExecutor(c.address, concurrency=2, deadline=30)
+    try:
+        with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), backend="local", model=str(tiny_model_dir),
+                                   port=0, host=ex.proxy_host)) as proxy:
+            results = ex.map(h.run, proxy.url, jobs_for(h, h.train + h.eval, 1, tag, 1.0), "rollouts")
+            assert results[0].error is None and results[0].rollout_id
+            assert results[1].rollout_id == "" and "30 s rollout deadline" in results[1].error
+            assert settle(proxy.url, tag, results) == 1
+            with HarnessRL(proxy.url) as client:
+                listed = {r["id"]: r["status"] for r in client.list_rollouts(run=tag)}
+    finally:
+        ex.close()
+    [hung] = [p for p in (markers / tag).glob("*.start") if p.stem != results[0].rollout_id]
+    assert listed == {results[0].rollout_id: "finished", hung.stem: "failed"}
+    try:  # the cancelled worker's harness, orphaned: not the test's to leave behind
+        os.kill(json.loads(hung.read_text())["pid"], 9)
+    except ProcessLookupError:
+        pass
