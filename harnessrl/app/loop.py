@@ -83,6 +83,7 @@ class LoopConfig:
 
 
 DEFAULT_DEADLINE = 3600.0  # the executor's backstop when no per-rollout timeout is given: a hung rollout ends the wait
+DEADLINE_GRACE = 120.0  # beyond --cmd's timeouts: workspace, kills, reporting
 
 
 @dataclass
@@ -168,8 +169,13 @@ def _rollouts(ex: Executor, h: HarnessTasks, url: str, tasks: list[Any], group: 
 
 
 def _deadline(cfg: LoopConfig) -> float:
-    """The executor's backstop: above the harness's own per-rollout timeout, where it has one."""
-    return cfg.rollout_deadline if cfg.rollout_deadline is not None else DEFAULT_DEADLINE
+    """The executor's backstop: above what `--cmd`'s `--timeout` allows a rollout (the command,
+    then its hidden tests, each under that timeout), else DEFAULT_DEADLINE."""
+    if cfg.rollout_deadline is not None:
+        return cfg.rollout_deadline
+    if cfg.cmd and cfg.cmd_flags.timeout:
+        return 2 * cfg.cmd_flags.timeout + DEADLINE_GRACE
+    return DEFAULT_DEADLINE
 
 
 def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
