@@ -109,7 +109,7 @@ def loop(
                                     "GCS port) or auto; default: a new one-node Ray here."),
     rollout_deadline: float = typer.Option(None, "--rollout-deadline", help="Seconds after which a rollout still "
                                            "out is given up and counted as failed (a backstop above the harness's own "
-                                           "timeout; default 3600)."),
+                                           "timeout; default: with --cmd twice --timeout + 120, else 3600)."),
     sandbox: str = typer.Option(None, "--sandbox", help="--cmd: " + cli_tracing.SANDBOX_HELP),
     timeout: float = typer.Option(1800, "--timeout", help="--cmd: seconds a rollout's command may run; then its "
                                   "whole process tree is killed and the rollout fails."),
