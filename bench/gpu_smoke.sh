@@ -130,4 +130,6 @@ r = state["rounds"][0]
 print(f"coding: held-out success {state['initial_eval']:.2f} -> {r['eval_success']:.2f}, "
       f"train reward {r['train_reward']:.2f}, {r['samples']} samples, checkpoint {r['checkpoint']}")
 PY
+say "long sessions: peak memory and step time against sample length, random Qwen2.5-0.5B shape (issue 33)"
+python "$ROOT/bench/long_sessions.py" --model "$MODEL" --shape 0.5b --lengths 4096,16384,40960,102400 --timeout 600
 say "ok: $WORK"
