@@ -39,6 +39,12 @@ if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null && command
   { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
     || echo "Chromium could not be installed: the browser tests will be skipped"
 fi
+# `--sandbox bwrap` (per-rollout sandboxes of `run` / `loop --cmd`, and their tests) needs Debian's bubblewrap.
+if ! command -v bwrap >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "installing bubblewrap from the Debian packages (per-rollout sandboxes)"
+  { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \
+    || echo "bubblewrap could not be installed: --sandbox bwrap will refuse with a one-line error"
+fi
 # mitmproxy in its own venv: its pins (h11, ...) clash with this project's HTTP stack. It runs as a
 # program (`harnessrl intercept` finds .venv-mitm/bin/mitmdump), never imported. mitmproxy 12 needs
 # Python 3.12, so a 3.12 interpreter is preferred; on 3.11 pip takes mitmproxy 11.
