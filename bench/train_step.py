@@ -112,7 +112,7 @@ def main() -> None:
     trl_batch = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
     trl_batch.update(tool_mask=batch["loss_mask"], num_items_in_batch=batch["loss_mask"].sum())
     plain = GRPOTrainer(model=fresh_model(), reward_funcs=[compiled_reward], processing_class=tok,
-                        args=grpo_args(base_cfg, n, loss_type="bnpo"), train_dataset=HFDataset.from_dict({"prompt": ["x"] * n}))
+                        args=grpo_args(base_cfg, loss_type="bnpo"), train_dataset=HFDataset.from_dict({"prompt": ["x"] * n}))
     matpo = MatpoTrainer(fresh_model(), cfg(algo="matpo"), data, tok)
     capo = CapoTrainer(fresh_model(), cfg(algo="capo", partition=str(tmp / "partition.pt")), data, tok)
     pact = PactTrainer(fresh_model(), cfg(algo="pact", pact_q=a.q), data, tok)

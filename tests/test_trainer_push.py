@@ -130,7 +130,7 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
 
     # The other objectives on the same proxy-recorded rollouts: ≥ 2 optimizer steps each.
     from trainer_fixtures import make_trainer, tiny_samples
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from harnessrl.trainer.capo import CapoTrainer
     from harnessrl.trainer.capo_partition import build_partition, write_outputs

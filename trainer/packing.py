@@ -37,7 +37,7 @@ class Packed:
 
 
 def pack(seqs: list[torch.Tensor], score_from: list[int], width: int, device: torch.device | str = "cpu") -> Packed:
-    """Pack 1-D token sequences (an empty one is left out); row i's tokens from `score_from[i]` on
+    """Pack 1-D token sequences (an empty one is left out; at least one is not); row i's tokens from `score_from[i]` on
     are scored, as columns 0.. of a (rows, width) output. A sequence's first token has no
     predecessor in it and is never scored."""
     starts, ids, pos, labels = [], [], [], []
@@ -60,9 +60,6 @@ def pack(seqs: list[torch.Tensor], score_from: list[int], width: int, device: to
             index[i, t - score_from[i]] = at + t - 1  # token t is predicted at position t − 1
             valid[i, t - score_from[i]] = True
         at += n
-    if not ids:  # nothing to run: one dummy token keeps the shapes valid
-        ids, pos, labels, starts = [torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)], [torch.full((1,), -100)], [0]
-        at = 1
     return Packed(torch.cat(ids)[None].to(device), torch.cat(pos)[None].to(device), torch.cat(labels)[None].to(device),
                   tuple(starts) + (at,), index.to(device), valid.to(device))
 

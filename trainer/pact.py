@@ -248,7 +248,7 @@ class PactTrainer(HarnessTrainer):
         for i, (n, f) in enumerate(zip(lengths, first)):
             aligned[i, :n - f] = w[i, f:n]
         seqs = [batch["sft_ids"][i, :n] if n > f else batch["sft_ids"][i, :0] for i, (n, f) in enumerate(zip(lengths, first))]
-        batch["sft_packed"] = pack(seqs, first, width, w.device)
+        batch["sft_packed"] = pack(seqs, first, width, w.device) if any(s.numel() for s in seqs) else None
         batch["sft_token_weights"] = aligned
         return batch
 
