@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harnessrl.harness_examples.coding.tasks import generate
 from harnessrl.harness_examples.coding.templates import TEMPLATES
 from harnessrl.tasks_file import read_tasks
@@ -37,6 +39,7 @@ def test_generation_is_deterministic_varied_and_held_out_apart():
     assert not {str(code(r)) for r in train} & {str(code(r)) for r in held}
 
 
+@pytest.mark.slow  # 24 pytest runs: ~40 s on an idle core
 def test_every_task_fails_as_given_and_passes_with_its_reference(tmp_path):
     train, _ = generate(len(TEMPLATES), 0, seed=1)  # every template once, the kinds alternating
     for row in train:
