@@ -30,6 +30,7 @@ from typing import IO
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+from harnessrl.app.sandbox_launch import pump  # the launcher's own relay loop, so both ends forward alike
 from harnessrl.errors import UserError
 
 SANDBOXES = ("bwrap", "none")
@@ -162,7 +163,7 @@ class HostRelay:
                 conn.close()
                 continue
             for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         for listener in self._listeners:
@@ -172,20 +173,6 @@ class HostRelay:
                 pass
             listener.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                s.shutdown(how)
-            except OSError:
-                pass
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import sys
 import threading
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
     try:
         while data := src.recv(65536):  # forwarded as it comes: streamed answers stay streamed
             dst.sendall(data)
@@ -45,7 +45,7 @@ def _serve(listener: socket.socket, path: str) -> None:
             up.close()
             continue
         for a, b in ((conn, up), (up, conn)):
-            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
 
 def main(argv: list[str]) -> int:
