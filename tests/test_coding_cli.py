@@ -123,8 +123,7 @@ def test_a_fixing_edit_is_rewarded_1_and_a_wrong_edit_0(served, name):
         times[label] = r["seconds"]
         assert r["rc"] == 0 and r["rollout"], _explain(r)
         ro, calls, rewards = _records(served, r["rollout"])
-        # not failed (`harnessrl run` leaves a test-scored rollout running today: reported to its owner)
-        assert ro.status != "failed" and not (ro.meta or {}).get("error"), (ro.status, ro.meta, _explain(r))
+        assert ro.status == "finished" and not (ro.meta or {}).get("error"), (ro.status, ro.meta, _explain(r))
         assert calls and all(c.status == "ok" and c.prompt_ids and c.completion_ids for c in calls), \
             [(c.seq, c.status, c.error) for c in calls]
         # the scripted edit went through the harness's shell tool: its marker came back in a later call

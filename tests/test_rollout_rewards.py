@@ -158,6 +158,7 @@ def test_harnessrl_run_runs_one_task_and_the_viewer_shows_the_test_output(setup,
     with serve(create_viewer(str(setup["db"]))) as url:
         page = html.unescape(httpx.get(f"{url}/rollouts/{fixed}").text)
         assert f"{N_HIDDEN} passed" in page and "tests" in page and '"mode": "pass-fraction"' in page
+        assert httpx.get(f"{setup['url']}/harnessrl/rollouts/{fixed}").json()["status"] == "finished"  # scored: not left open
         page = httpx.get(f"{url}/rollouts/{failed}").text
         assert 'id="rollout-error">failed: exit code 3<' in page and "no rewards reported" in page
 

@@ -261,7 +261,7 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
         try:
             result = run_in_rollout(client, argv, opts, starter,
                                     on_created=lambda ro: _err.print(f"harnessrl run: rollout {ro.id}"),
-                                    keep_open=opts.reward_from is None)
+                                    keep_open=opts.reward_from is None and opts.coding is None)
         except HarnessRLError as exc:
             raise UserError(f"the proxy at {url} refused: {exc}") from None
         except httpx.TransportError as exc:
@@ -270,7 +270,7 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
         _err.print(f"[yellow]warning:[/yellow] {warning}")
     if result.outcome is not None:
         _err.print(f"harnessrl run: rollout {result.rollout_id} outcome {result.outcome:g}")
-    elif opts.reward_from is None:
+    elif opts.reward_from is None and opts.coding is None:
         _err.print(f"harnessrl run: rollout {result.rollout_id} stays running for its outcome: "
                    f"harnessrl reward {result.rollout_id} VALUE (records it and finishes the rollout)")
     return result.exit_code
