@@ -80,8 +80,12 @@ def _env(out: Path, mode: str, extra: dict[str, str]) -> dict[str, str]:
     """A clean environment: a fresh HOME (no user config leaks in), the fake keys, the harness's own settings."""
     home = out / f"home-{mode}"
     home.mkdir()
+    # Codex refuses to make its sandbox helper under the temporary directory, and the session runs
+    # under pytest's (in /tmp): a temporary directory of its own, beside the home, lets it
+    tmp = out / f"tmp-{mode}"
+    tmp.mkdir()
     keep = {k: os.environ[k] for k in ("PATH", "LANG", "HARNESSRL_MITMDUMP") if k in os.environ}
-    return {**keep, "HOME": str(home), "TERM": "dumb", "NO_COLOR": "1", "GIT_AUTHOR_NAME": "hrl",
+    return {**keep, "HOME": str(home), "TMPDIR": str(tmp), "TERM": "dumb", "NO_COLOR": "1", "GIT_AUTHOR_NAME": "hrl",
             "GIT_AUTHOR_EMAIL": "hrl@example.invalid", "GIT_COMMITTER_NAME": "hrl",
             "GIT_COMMITTER_EMAIL": "hrl@example.invalid", **KEYS, **extra}
 

@@ -122,3 +122,6 @@ if __name__ == "__main__":  # worker of test_two_processes_gloo_same_loss_and_gr
     loss, grads, _ = one_step(Path(model_dir), Path(samples_dir), Path(out_file).parent / f"rank{os.environ['RANK']}", loss_agg=agg, grad_accum=2)
     if os.environ["RANK"] == "0":
         torch.save({"loss": loss, "grads": grads, "processes": int(os.environ["WORLD_SIZE"])}, out_file)
+    # gloo's threads must be stopped before the interpreter exits, or a rank can abort ("terminate
+    # called without an active exception") after its work is done
+    torch.distributed.destroy_process_group()
