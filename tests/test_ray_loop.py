@@ -101,13 +101,15 @@ def test_a_hung_ray_rollout_is_cancelled_at_its_deadline_and_failed(cluster, tin
     tasks.write_text(json.dumps({"id": "t0", "input": "Say hi"}) + "\n" + json.dumps({"id": "t1", "input": "hang"}) + "\n")
     h = cmd_harness(f"{sys.executable} {AGENT} {{task}} {markers}", TaskSource(tasks, None, tmp_path, 2, 0.5, 0),
                     "stdout-json", False)
-    ex = RayExecutor(c.address, concurrency=2, deadline=30)
+    # the deadline runs from submission: enough for both tasks to start and the hung one to open its
+    # rollout on a loaded CI machine (30 s was not), so that there is a running rollout to fail
+    ex = RayExecutor(c.address, concurrency=2, deadline=90)
     try:
         with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), backend="local", model=str(tiny_model_dir),
                                    port=0, host=ex.proxy_host)) as proxy:
             results = ex.map(h.run, proxy.url, jobs_for(h, h.train + h.eval, 1, tag, 1.0), "rollouts")
             assert results[0].error is None and results[0].rollout_id
-            assert results[1].rollout_id == "" and "30 s rollout deadline" in results[1].error
+            assert results[1].rollout_id == "" and "90 s rollout deadline" in results[1].error
             assert settle(proxy.url, tag, results) == 1
             with HarnessRL(proxy.url) as client:
                 listed = {r["id"]: r["status"] for r in client.list_rollouts(run=tag)}
