@@ -137,13 +137,14 @@ class LoopState:
 
 
 def _summary(results: list[Any]) -> tuple[float, float, float]:
-    """Mean reward, success and tool-call validity of the rollouts that ran to their end (a failed
-    one has an error and no reward: it is not a 0)."""
+    """Mean reward and tool-call validity of the rollouts that ran to their end (a failed one has
+    an error and no reward: it is not a 0), and success over all of them (a failed one did not
+    succeed: leaving it out would make a policy that crashes look better)."""
+    success = sum(r.metrics.get("success", 0.0) for r in results if not r.error) / len(results) if results else 0.0
     results = [r for r in results if not r.error]
     if not results:
-        return 0.0, 0.0, 0.0
+        return 0.0, success, 0.0
     reward = sum(r.outcome for r in results) / len(results)
-    success = sum(r.metrics.get("success", 0.0) for r in results) / len(results)
     calls = sum(r.metrics.get("tool_calls", 0) for r in results)
     errors = sum(r.metrics.get("tool_errors", 0) for r in results)
     return reward, success, (calls - errors) / calls if calls else 0.0
