@@ -44,6 +44,7 @@ from harnessrl.proxy.prefix import Prompter
 from harnessrl.proxy.probes import add_probes
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.spill import default_dir
 from harnessrl.proxy.refusals import internal_error, refuse, user_agent
 from harnessrl.proxy.responses_wire import RESPONSES
 from harnessrl.proxy.responses_ws import ResponsesSocket
@@ -119,7 +120,8 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        recorder = Recorder(engine, busy_s=cfg.db_lock_timeout_s, metrics=metrics)
+        recorder = Recorder(engine, busy_s=cfg.db_lock_timeout_s, metrics=metrics,
+                            spill_dir=default_dir(engine.url, cfg.spill_dir), spill_max_bytes=cfg.spill_max_bytes)
         def make_pool(url: str) -> Pool:
             return Pool(url, timeout=cfg.upstream_timeout, ca_file=cfg.upstream_ca,
                         credentials=credential_headers(cfg.upstream_dialect, cfg.upstream_api_key))

@@ -77,6 +77,13 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                                               "may wait for a lock (and a call for its locked rollout row)."),
         db_statement_timeout: float = typer.Option(30.0, "--db-statement-timeout",
                                                    help="PostgreSQL: seconds a statement may run."),
+        spill_dir: str = typer.Option(None, "--spill-dir", help="Folder for the failed-call journal: calls "
+                                      "answered 503 while the records DB is away, written to it once it is back "
+                                      "(also after a crash, by the next proxy on the DB). Default: DB-spill/ "
+                                      "beside a SQLite file; ~/.local/state/harnessrl/spill for PostgreSQL."),
+        spill_max_mb: float = typer.Option(1024.0, "--spill-max-mb", help="Bound of the failed-call journal, MiB: "
+                                           "while it is full, new model calls are refused with 503 (retryable), "
+                                           "so no failed call is dropped."),
         sampling_policy: str = typer.Option(None, "--sampling-policy", help="YAML file of sampling parameters "
                                             "enforced on every call (temperature, top_p, max_tokens cap, forbidden "
                                             "ones such as logit_bias); the record keeps what the harness asked."),
@@ -115,7 +122,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
                           strict_tools=strict_tools,
                           prefix_cache_bytes=int(prefix_cache_mb * 1024 * 1024),
                           volatile_patterns=tuple(volatile_pattern or ()), db_lock_timeout_s=db_lock_timeout,
-                          db_statement_timeout_s=db_statement_timeout, workers=workers)
+                          db_statement_timeout_s=db_statement_timeout, workers=workers, spill_dir=spill_dir,
+                          spill_max_bytes=int(spill_max_mb * 1024 * 1024))
         cfg.check()
         log_config = configure(log_format, log_level)
         target = ", ".join(cfg.upstreams or (cfg.upstream,)) if backend == "upstream" else f"local model {model}"

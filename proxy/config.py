@@ -45,6 +45,10 @@ class ProxyConfig:
     strict_tools: bool = False
     db_lock_timeout_s: float = 5.0  # PostgreSQL lock_timeout; also how long a call waits on a locked rollout row
     db_statement_timeout_s: float = 30.0  # PostgreSQL statement_timeout
+    # the failed-call journal (`spill.py`): calls answered 503 while the DB is away, written once it
+    # is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill (a folder per DB)
+    spill_dir: str | None = None
+    spill_max_bytes: int = 1024 * 1024 * 1024  # at this many bytes waiting, new calls are refused with 503
     prefix_cache_bytes: int = 256 * 1024 * 1024  # the prefix index's memory bound
     # regexes of prompt spans a harness changes every call (beyond the built-in rules of `volatile.py`):
     # in prefix mode a session's later calls are sent the earlier values; agent fingerprints ignore them
@@ -139,5 +143,7 @@ class ProxyConfig:
             raise UserError("--prefix-cache-mb must be >= 0")
         if self.max_body_bytes <= 0:
             raise UserError("--max-body-mb must be positive")
+        if self.spill_max_bytes <= 0:
+            raise UserError("--spill-max-mb must be positive")
         if self.max_metadata_bytes <= 0:
             raise UserError("--max-metadata-kb must be positive")

@@ -63,6 +63,18 @@ class ProxyMetrics:
         self._queue = Gauge("harnessrl_recorder_queue", "Calls waiting to be committed", registry=r)
         self._prefix = Gauge("harnessrl_prefix_index_bytes", "Memory held by the prefix index (its estimate)",
                              registry=r)
+        # the failed-call journal (`spill.py`): rows and bytes waiting for the DB; calls turned
+        # away while it is full; rows lost (the journal could not be written) or refused by the DB
+        self._spill_rows = Gauge("harnessrl_spill_rows", "Failed calls in the journal, waiting for the records DB",
+                                 registry=r)
+        self._spill_bytes = Gauge("harnessrl_spill_bytes", "Bytes of the failed calls in the journal (bounded by "
+                                  "--spill-max-mb)", registry=r)
+        self._spill_refused = Counter("harnessrl_spill_refused_calls", "Model calls refused with 503 because the "
+                                      "failed-call journal was full", registry=r)
+        self._spill_dropped = Counter("harnessrl_spill_dropped_calls", "Failed calls lost: the journal file could "
+                                      "not be written (disk full, permissions); 0 in normal operation", registry=r)
+        self._spill_rejected = Counter("harnessrl_spill_rejected_calls", "Journaled failed calls the records DB "
+                                       "refused for good when written back (logged with the call id)", registry=r)
         r.register(_RunningRollouts(engine, self.db_error))
         if (db_file := sqlite_file(engine)) is not None:
             # the checkpoints keep it bounded; a reader of an old snapshot makes it grow meanwhile
@@ -96,6 +108,19 @@ class ProxyMetrics:
 
     def db_error(self) -> None:
         self._db_errors.inc()
+
+    def watch_spill(self, rows: Callable[[], float], nbytes: Callable[[], float]) -> None:
+        self._spill_rows.set_function(rows)
+        self._spill_bytes.set_function(nbytes)
+
+    def spill_refused(self) -> None:  # on the event loop
+        self._spill_refused.inc()
+
+    def spill_dropped(self, n: int) -> None:
+        self._spill_dropped.inc(n)
+
+    def spill_refused_by_db(self, n: int) -> None:
+        self._spill_rejected.inc(n)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

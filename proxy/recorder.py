@@ -11,6 +11,9 @@ and a call that extends an earlier one always gets a larger seq because the earl
 committed before its response was released. A rollout whose row someone else holds locked is
 skipped, not waited for: its calls are retried on their own (for up to `busy_s`, then a
 retryable 503) while every other rollout's calls keep committing.
+
+A call answered 503 (the DB away, its rollout row locked) is journaled as a failed call
+(`spill.py`) before the answer goes out, and written back once the DB takes it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
 from harnessrl.proxy.callrows import BUSY, CALLS as _CALLS, CallRecord, RecordError, RolloutFinished, RowWriter
 from harnessrl.proxy.inline_commit import Checkpointer, InlineCommit, inline_capable, resolve
+from harnessrl.proxy.spill import DEFAULT_MAX_BYTES, Spill, default_dir
 from harnessrl.records import escape_nul
 
 __all__ = ["CallRecord", "DatabaseUnavailable", "RecordError", "Recorder", "RolloutBusy", "RolloutFinished"]
@@ -70,10 +74,13 @@ class Recorder:
     (rows a commit lost in flight may already be in; those are found by id, never written
     twice), then its calls fail with `DatabaseUnavailable`. While the DB stays away, later
     batches fail at once, with reconnects spaced by exponential backoff. Calls answered that
-    way are kept (up to `backlog`) and written as failed calls once the DB is back."""
+    way go to the failed-call journal in `spill_dir` (default: `spill.default_dir`) and are
+    written as failed calls once the DB is back; while the rows waiting there reach
+    `spill_max_bytes`, `admit()` turns new calls away."""
 
-    def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, backlog: int = 10_000,
-                 busy_s: float = 5.0, metrics: Any = None, window_s: float = _WINDOW) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 1024, retry_s: float = 2.0, busy_s: float = 5.0,
+                 metrics: Any = None, window_s: float = _WINDOW, spill_dir: Path | None = None,
+                 spill_max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._engine = engine
         self._max_batch = max_batch
         self._window_s = window_s
@@ -91,7 +98,9 @@ class Recorder:
         self._next_try, self._backoff = 0.0, _MIN_BACKOFF
         self._checkpoint_due = False
         self.checkpoints = Checkpointer()
-        self._backlog: deque[CallRecord] = deque(maxlen=backlog)
+        self._spill = Spill(spill_dir or default_dir(engine.url), spill_max_bytes, metrics)
+        if metrics is not None:
+            metrics.watch_spill(lambda: self._spill.rows, lambda: self._spill.bytes)
         self._committed = 0  # by the writer thread
         self._inline = (InlineCommit(engine, self._take_over, lambda: self._queue.put(_CHECKPOINT), metrics)
                         if inline_capable(engine) else None)
@@ -108,6 +117,15 @@ class Recorder:
         else:
             self._queue.put((rec, fut, loop))
         await fut
+
+    def admit(self) -> bool:
+        """Whether a new model call may start: not while the failed-call journal is full (its
+        record could not be kept); the caller answers it 503 `database_unavailable`."""
+        if not self._spill.full:
+            return True
+        if self._metrics is not None:
+            self._metrics.spill_refused()
+        return False
 
     def submit(self, rec: CallRecord) -> None:
         """Record `rec` with nobody waiting for it (a stream the harness abandoned: its task may
@@ -127,10 +145,10 @@ class Recorder:
         """The writer's state for readiness probes: `writer` is "ok", "reconnecting" (the DB
         connection is lost; calls get 503) or "stopped"; `last_error` the class name of the last
         connection error (no database text); `queue` calls waiting for a commit; `backlog`
-        failed calls waiting for the DB to come back."""
+        failed calls in the journal, waiting to be written."""
         writer = self._state if self._thread.is_alive() else "stopped"
         return {"writer": writer, "last_error": self._last_error, "queue": self._queue.qsize(),
-                "backlog": len(self._backlog)}
+                "backlog": self._spill.rows}
 
     def close(self) -> None:
         if self._inline is not None:
@@ -146,11 +164,14 @@ class Recorder:
                 batch, since, stop = self._take()
                 if batch:
                     self._write_and_answer(batch, since, stop)
+                if not stop and self._spill.due():
+                    self._write_back()
                 # after the batch: a batch handed over with the request is part of what it copies
                 if self._checkpoint_due and self._conn is not None:
                     self.checkpoints(self._conn)
                 self._checkpoint_due = False
         finally:
+            self._spill.close()
             if self._conn is not None:
                 self._conn.close()
 
@@ -174,8 +195,11 @@ class Recorder:
         waiting, self._waiting = self._waiting, []
         batch = [w[0] for w in waiting]
         since: list[float | None] = [w[1] for w in waiting]
+        wait = self._spill.wait_s()  # journaled calls to write back: wake up for them
+        if batch:
+            wait = _BUSY_POLL if wait is None else min(wait, _BUSY_POLL)
         try:
-            item = self._queue.get(timeout=_BUSY_POLL) if batch else self._queue.get()
+            item = self._queue.get(timeout=wait) if wait is None or wait > 0 else self._queue.get_nowait()
         except queue.Empty:
             return batch, since, False
         deadline = None
@@ -213,6 +237,7 @@ class Recorder:
     def _answer(self, batch: list[tuple], since: list[float | None], outcomes: list, stopping: bool) -> None:
         now = time.monotonic()
         by_loop: dict[Any, list] = {}
+        locked = []
         for item, first, out in zip(batch, since, outcomes):
             rec, fut, loop = item
             if out is BUSY:
@@ -220,19 +245,22 @@ class Recorder:
                 if now - first < self._busy_s and not stopping:
                     self._waiting.append((item, first))
                     continue
-                if fut is not None and not stopping:
-                    # answered 503 now; written as a failed call if the row frees up in time
+                if fut is not None:
+                    # answered 503 now; journaled, so written as a failed call once the row is free
                     log.warning("recorder: call %s answered 503: its rollout row stayed locked", rec.id,
                                 extra={"call_id": rec.id})
                     rec.status, rec.error = "error", f"503 server_error: {_LOCKED}" + (
                         f" (after {rec.error})" if rec.error else "")
-                    self._waiting.append(((rec, None, None), now))
+                locked.append(rec)
                 out = RolloutBusy(_LOCKED)
             if fut is None:
-                if out is not None and not isinstance(out, RolloutFinished):  # that one is written, as failed
+                # a RolloutFinished one is written, as failed; an unavailable DB's, journaled
+                if out is not None and not isinstance(out, (RolloutFinished, DatabaseUnavailable)):
                     log.warning("recorder: call %s not recorded (%s)", rec.id, out, extra={"call_id": rec.id})
                 continue
             by_loop.setdefault(loop, []).append((fut, out))
+        if locked:
+            self._spill.append(locked)  # before the 503s go out
         for loop, done in by_loop.items():
             loop.call_soon_threadsafe(resolve, done)
 
@@ -273,7 +301,7 @@ class Recorder:
             raise _Lost from exc
         self._conn, self._state, self._backoff = conn, "ok", _MIN_BACKOFF
         log.warning("recorder: reconnected to the records DB")
-        self._flush_backlog(conn)
+        self._spill.adopt()  # a proxy that stopped meanwhile may have left failed calls
         return conn
 
     def _down(self, exc: BaseException | None, recs: list[CallRecord]) -> None:
@@ -294,33 +322,42 @@ class Recorder:
             self._state, self._next_try, self._backoff = "reconnecting", 0.0, _MIN_BACKOFF
 
     def _defer(self, recs: list[CallRecord]) -> None:
-        """Keep calls answered 503 to record them as failed once the DB is back."""
+        """Journal calls about to be answered 503, to record them as failed once the DB is back."""
         log.warning("recorder: calls %s answered 503: the records DB is unavailable (%s)",
                     [r.id for r in recs], self._last_error)
-        if len(self._backlog) + len(recs) > (self._backlog.maxlen or 0):
-            log.warning("recorder: backlog full; the oldest failed calls will not be recorded")
         for r in recs:
             r.error = f"503 server_error: {_UNAVAILABLE}" + (f" (after {r.error})" if r.error else "")
             r.status = "error"
-            self._backlog.append(r)
+        self._spill.append(recs)
 
-    def _flush_backlog(self, conn) -> None:
-        pending = list(self._backlog)
-        self._backlog.clear()
-        if not pending:
+    def _write_back(self) -> None:
+        """Write one chunk of the journal (between live batches, so a long journal does not hold
+        up the calls being made now). Rows already in the DB are not written again."""
+        recs = self._spill.take(self._max_batch)
+        if not recs:
             return
         try:
-            present = self._present(conn, pending)
+            conn = self._connect()
+            present = self._present(conn, recs)
             if present:  # committed, but the commit's answer was lost: the harness got a 503
-                self._mark_failed(conn, [r for r in pending if r.id in present])
-            errors = self._write(conn, [r for r in pending if r.id not in present])
-        except _Lost:
-            self._backlog.extendleft(reversed(pending))
-            raise
-        todo = [r for r in pending if r.id not in present]
-        self._backlog.extend(r for r, e in zip(todo, errors) if e is BUSY)
-        log.warning("recorder: recorded %d calls answered 503 while the DB was away",
-                    sum(e is None for e in errors))
+                self._mark_failed(conn, [r for r in recs if r.id in present])
+            todo = [r for r in recs if r.id not in present]
+            outcomes = self._write(conn, todo)
+        except _Lost as lost:
+            self._down(lost.__cause__, recs)
+            self._spill.untake()
+            return
+        locked = [r for r, out in zip(todo, outcomes) if out is BUSY]
+        refused = [r for r, out in zip(todo, outcomes) if out is not None and out is not BUSY
+                   and not isinstance(out, RolloutFinished)]
+        for r in refused:  # e.g. its rollout was deleted meanwhile: it can never be written
+            log.error("recorder: journaled failed call %s cannot be written: %s", r.id, outcomes[todo.index(r)],
+                      extra={"call_id": r.id})
+        if refused and self._metrics is not None:
+            self._metrics.spill_refused_by_db(len(refused))
+        self._spill.settle(len(recs) - len(locked), locked)
+        log.warning("recorder: wrote %d failed calls from the journal (%d waiting)",
+                    len(recs) - len(locked) - len(refused), self._spill.rows)
 
     def _mark_failed(self, conn, recs: list[CallRecord]) -> None:
         try:

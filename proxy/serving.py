@@ -92,6 +92,8 @@ class Serving:
 
     async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire,
                      errors: Callable[..., Response] = error_response) -> Response:
+        if not self.recorder.admit():  # the failed-call journal is full: this call could not be recorded
+            return errors(database_unavailable(), {"x-harnessrl-call": call_id})
         if ident.agent is None and ident.session is None and req.chat:
             ident = unnamed_agent(ident, req.body, self.volatile)
         if req.endpoint == "embeddings":

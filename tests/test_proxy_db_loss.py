@@ -271,7 +271,10 @@ def test_recorder_health_follows_the_connection(pg_url):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
                 i += 1
-        assert recorder.health()["writer"] == "ok" and recorder.health()["backlog"] == 0
+        while recorder.health()["backlog"]:  # the journaled failed calls are written between live batches
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert recorder.health()["writer"] == "ok"
     finally:
         recorder.close()
         engine.dispose()
