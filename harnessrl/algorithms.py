@@ -20,14 +20,15 @@ class Algorithm:
     name: str
     advantage: str  # the compiler's advantage estimator (docs/methods.md, Advantages)
     train_agents: str  # central | all | comma-separated agent names
+    loss_agg: str  # the trainer's default loss aggregation: the paper's (docs/methods.md, Loss aggregation)
     summary: str
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("grpo", "grpo", "central", "clipped surrogate on the group-normalised outcome (baseline)"),
-    Algorithm("capo", "harness", "central", "action/args gradient routing through MLP-unit partitions"),
-    Algorithm("matpo", "matpo", "all", "planner and worker samples in one batch, one model for every role"),
-    Algorithm("pact", "matchtir", "central", "expert traces as privileged context plus component-aware SFT"),
+    Algorithm("grpo", "grpo", "central", "token_mean", "clipped surrogate on the group-normalised outcome (baseline)"),
+    Algorithm("capo", "harness", "central", "token_mean", "action/args gradient routing through MLP-unit partitions"),
+    Algorithm("matpo", "matpo", "all", "rollout_mean", "planner and worker samples in one batch, one model for every role"),
+    Algorithm("pact", "matchtir", "central", "prompt_mean", "expert traces as privileged context plus component-aware SFT"),
 )}
 
 

@@ -72,7 +72,7 @@ def samples(tmp_path_factory, tiny_model_dir):
     return write_samples(tmp_path_factory.mktemp("norm"), uneven_rows(tok))
 
 
-@pytest.mark.parametrize("loss_agg", MODES)
+@pytest.mark.parametrize("loss_agg", MODES + ("prompt_mean",))
 def test_grad_accum_changes_neither_loss_nor_gradient(samples, tiny_model_dir, tmp_path, loss_agg):
     # Reference: the whole step as one micro-batch, and the same number computed from the definition.
     loss1, g1, _ = one_step(tiny_model_dir, samples, tmp_path, loss_agg=loss_agg)
@@ -82,7 +82,10 @@ def test_grad_accum_changes_neither_loss_nor_gradient(samples, tiny_model_dir, t
     batch = collate(data.samples, 0)
     assert all(int(m.sum()) == 3 + 2 * i for i, m in enumerate(batch["loss_mask"]))  # uneven, as built
     # At the start of the step ratio = 1, so the surrogate per token is −A: the loss is −aggregate(A).
-    expect = -float(aggregate(batch["advantages"], batch["loss_mask"], loss_agg, batch["rollout_index"]))
+    if loss_agg == "prompt_mean":  # the rollout mean's formula over prompts: t0 holds r0, r1; t1 holds r2, r3
+        expect = -float(aggregate(batch["advantages"], batch["loss_mask"], "rollout_mean", torch.tensor([0] * 4 + [1] * 4)))
+    else:
+        expect = -float(aggregate(batch["advantages"], batch["loss_mask"], loss_agg, batch["rollout_index"]))
     assert loss1 == pytest.approx(expect, abs=1e-6)
     for g in (2, 4):
         loss_g, grads, tr = one_step(tiny_model_dir, samples, tmp_path, loss_agg=loss_agg, grad_accum=g)

@@ -52,7 +52,8 @@ def test_sft_weights_by_component(tiny_model_dir):
 
 
 def test_pact_objective_composition(samples, tiny_model_dir):
-    tr = make_trainer(PactTrainer, tiny_model_dir, samples, algo="pact", pact_q=0.5, beta=0.0)
+    # the step-wide token mean, kept as `--loss-agg token_mean` (the per-prompt default: test_trainer_paper_defaults)
+    tr = make_trainer(PactTrainer, tiny_model_dir, samples, algo="pact", pact_q=0.5, beta=0.0, loss_agg="token_mean")
     batch = tr.fixed_batch()
     z = {f"t{i}": gate(0, f"t{i}", 0, 0.5) for i in range(4)}
     assert batch["gate"].tolist() == [float(z[s.task_id]) for s in tr.data.samples]

@@ -26,7 +26,16 @@ def register(app: typer.Typer) -> None:
         lr: Optional[float] = typer.Option(None, "--lr"),
         epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Clip ε (low; high too unless set in the config)."),
         beta: Optional[float] = typer.Option(None, "--beta", help="KL coefficient to the reference model."),
-        loss_agg: Optional[str] = typer.Option(None, "--loss-agg", help="token_mean | seq_mean | rollout_mean"),
+        loss_agg: Optional[str] = typer.Option(
+            None, "--loss-agg", help="token_mean | seq_mean | rollout_mean | prompt_mean (default: the algorithm's paper's: "
+                                     "rollout_mean for matpo, prompt_mean for pact, token_mean otherwise)."),
+        pact_gate: Optional[str] = typer.Option(
+            None, "--pact-gate", help="pact: epoch (default: one anchor gate per prompt per pass over the samples, the "
+                                      "paper's) | step (redrawn every optimizer step)."),
+        pact_level_limits_context: Optional[bool] = typer.Option(
+            None, "--pact-level-limits-context/--pact-level-sft-only",
+            help="pact: the annealed reasoning-prefix level limits the privileged context too (default, the paper's), "
+                 "or only the SFT targets."),
         lora: Optional[bool] = typer.Option(None, "--lora/--full", help="Train a LoRA adapter (PEFT)."),
         push: Optional[str] = typer.Option(None, "--push", help="Push the checkpoint to this proxy or vLLM URL."),
         version: Optional[str] = typer.Option(None, "--version", help="Weight version name for the checkpoint."),
@@ -51,6 +60,7 @@ def register(app: typer.Typer) -> None:
             partition=partition, lr=lr, epsilon=epsilon, beta=beta, loss_agg=loss_agg, lora=lora, push=push,
             version=version, db=db, report_to=report_to, max_tokens_per_microbatch=max_tokens_per_microbatch,
             max_sample_tokens=max_sample_tokens, over_length=over_length, gradient_checkpointing=gradient_checkpointing,
+            pact_gate=pact_gate, pact_level_limits_context=pact_level_limits_context,
         ))
         if not cfg.model:
             from harnessrl.errors import UserError

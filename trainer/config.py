@@ -11,7 +11,8 @@ from typing import Any
 from harnessrl.algorithms import get_algorithm
 from harnessrl.errors import UserError
 
-LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean")
+LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean", "prompt_mean")
+PACT_GATES = ("epoch", "step")
 RATIO_TO = ("step", "behaviour")
 OVER_LENGTH = ("truncate", "skip")
 
@@ -38,7 +39,9 @@ class TrainConfig:
     epsilon: float = 0.2  # ε_lo
     epsilon_high: float | None = None  # ε_hi; None = ε_lo
     beta: float | None = None  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
-    loss_agg: str = "token_mean"  # over the whole optimizer step (trainer/normalise.py)
+    # over the whole optimizer step (trainer/normalise.py); None: the algorithm's paper's, from its
+    # registry entry (grpo, capo token_mean; matpo rollout_mean; pact prompt_mean)
+    loss_agg: str | None = None
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
     tis_cap: float = 2.0
@@ -72,16 +75,25 @@ class TrainConfig:
     pact_beta_sft: float = 0.1
     pact_lambda_start: float = 0.8
     pact_lambda_end: float = 0.2
-    pact_level_limits_context: bool = False  # the reasoning-prefix level also limits what c^h shows
+    # one gate z_i per prompt for each pass over the samples (the paper's z_i^(e)), so all of a prompt's
+    # rollouts share it wherever the shuffle puts them; "step": redrawn at every optimizer step
+    pact_gate: str = "epoch"
+    # the annealed reasoning-prefix level limits the privileged context c^h too (the paper: later updates
+    # are "progressively closer to the prompt-only setting"); False: c^h always shows level 4, the level
+    # limits the SFT targets only
+    pact_level_limits_context: bool = True
 
     def kl_beta(self) -> float:
         if self.beta is not None:
             return self.beta
         return 0.001 if self.algo == "pact" else 0.0
 
+    def aggregation(self) -> str:
+        return self.loss_agg if self.loss_agg is not None else get_algorithm(self.algo).loss_agg
+
     def validate(self) -> "TrainConfig":
         get_algorithm(self.algo)  # a clear error naming the choices
-        if self.loss_agg not in LOSS_AGGS:
+        if self.loss_agg is not None and self.loss_agg not in LOSS_AGGS:
             raise UserError(f"unknown --loss-agg {self.loss_agg!r}; choose one of {', '.join(LOSS_AGGS)}")
         from transformers.training_args import OptimizerNames
 
@@ -94,8 +106,8 @@ class TrainConfig:
             raise UserError("ratio_to: behaviour is for grpo, capo and matpo; pact's logp_old is under c^h (§6.4)")
         if not 0.0 <= self.negative_weight <= 1.0:
             raise UserError(f"negative_weight must be in [0, 1], got {self.negative_weight}")
-        if self.algo == "matpo" and self.loss_agg != "token_mean":
-            raise UserError("matpo uses token_mean aggregation over the augmented batch (docs/methods.md §6.3)")
+        if self.pact_gate not in PACT_GATES:
+            raise UserError(f"unknown pact_gate {self.pact_gate!r}; choose one of {', '.join(PACT_GATES)}")
         if self.algo == "capo" and not self.partition:
             raise UserError("--algo capo needs --partition FILE (make one with `harnessrl capo-partition`)")
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:

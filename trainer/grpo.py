@@ -74,6 +74,11 @@ def compiled_reward(**_: Any) -> list[float]:
     raise RuntimeError("rewards come from the compiled samples")
 
 
+def prompt_key(sample: Sample) -> str:
+    """The prompt x_i a sample answers: its task (a sample without one is its own prompt)."""
+    return sample.task_id or sample.rollout_id
+
+
 class Pacer(torch.utils.data.Sampler):
     """Placeholder indices for TRL's dataloader: `steps` optimizer steps' worth of draws (all processes)."""
 
@@ -182,13 +187,14 @@ class HarnessTrainer(GRPOTrainer):
 
     def step_weights(self, batch: dict[str, torch.Tensor], samples: list[Sample]) -> dict[str, torch.Tensor]:
         """Per-token loss weights for this process's rows of the whole optimizer step (normalise.py)."""
-        return {"loss_weights": self.token_weights(batch["loss_mask"], samples, self.cfg.loss_agg)}
+        return {"loss_weights": self.token_weights(batch["loss_mask"], samples, self.cfg.aggregation())}
 
     def token_weights(self, mask: torch.Tensor, samples: list[Sample], mode: str) -> torch.Tensor:
         from accelerate.utils import gather_object
 
         gather = gather_object if self.accelerator.num_processes > 1 else None
-        return token_weights(mask, [s.rollout_id for s in samples], mode, gather)
+        keys = [prompt_key(s) if mode == "prompt_mean" else s.rollout_id for s in samples]
+        return token_weights(mask, keys, mode, gather)
 
     def micro_batches(self, groups: list[list[Sample]]) -> list[dict[str, Any]]:
         """This process's micro-batches of one optimizer step: the step's padded columns and loss weights,

@@ -1,7 +1,9 @@
 """MATPO (docs/methods.md §6.3): one model, every role. The batch is the augmented batch of planner and
 worker samples from the same rollouts; the advantage is the compiler's `matpo` estimator (one
-scalar per rollout, broadcast to every sample of the rollout); token-mean over the augmented
-batch, ε = 0.2, β = 0 unless configured."""
+scalar per rollout, broadcast to every sample of the rollout); the paper's per-rollout mean (each
+rollout's clipped terms averaged over its planner and worker tokens, then over rollouts:
+`rollout_mean`, the default; `--loss-agg token_mean` is the token mean over the augmented batch),
+ε = 0.2, β = 0 unless configured."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ class MatpoTrainer(HarnessTrainer):
         per_token, old = self.per_token_loss(logps, inputs)
         mask = inputs["loss_mask"]
         self.log_token_stats(logps, old, entropy, inputs)
-        terms = {"loss": self.share(per_token, inputs["loss_weights"])}  # token_mean (config.validate)
+        terms = {"loss": self.share(per_token, inputs["loss_weights"])}
         for i, agent in enumerate(self._agents):
             role = mask * (inputs["agent_index"] == i)[:, None]
             self._log(f"tokens/{agent}", role.sum())

@@ -1,7 +1,9 @@
 """PACT (docs/methods.md §6.4): per-task gate, trace-conditioned surrogate, component-aware SFT.
 
-- Gate z_i ~ Bernoulli(q) per task per step, from a hash of (seed, task, step): reproducible and
-  independent of batch order. z = 1 anchors (plain surrogate), z = 0 trains on the trace.
+- Gate z_i ~ Bernoulli(q) per prompt (task) and pass over the samples (the paper's z_i^(e)), from a
+  hash of (seed, task, epoch): every rollout of the prompt gets the same gate wherever the shuffle
+  puts it, reproducible and independent of batch order (`pact_gate: step` redraws it every
+  optimizer step). z = 1 anchors (plain surrogate), z = 0 trains on the trace.
 - Trace rows: the privileged block "Reference trace (training only): …" is inserted at the end of
   the first user message; the rollout's own tokens are unchanged, only shifted. Such a row is an
   ordinary sample with a longer prompt, so log-probs, logp_old (recomputed in the same batch) and
@@ -9,9 +11,14 @@
 - SFT: −(1/Z)Σ m_n log π(h*_n | x, h*_<n): x is the rollout's own prompt tokens (system prompt and
   tools schema as the policy saw them), h* the expert turns rendered with the chat template after
   it; m = 1 on the active reasoning prefix, λ_a(s) on complete tool-call spans, 0 elsewhere.
-- Total per optimizer step: L_RL (configured aggregation over all rows) + β_SFT · Σ_{trace tasks} L_SFT,i / #tasks,
-  i.e. the mean over tasks of L^x_RL or L^h_RL + β_SFT·L_SFT; #tasks and the SFT sequences are
-  counted over the whole step (all micro-batches and processes), see trainer/normalise.py.
+- Total per optimizer step: the mean over the step's prompts of the paper's per-prompt loss
+  L_i = (1 − z_i)(L^h_RL(i) + β_SFT·L_SFT(i)) + z_i·L^x_RL(i), each RL term the token mean over the
+  prompt's rows (`prompt_mean`, the default aggregation; another `--loss-agg` replaces the RL part by
+  that aggregation over all rows); prompts and SFT sequences are counted over the whole step (all
+  micro-batches and processes), see trainer/normalise.py.
+- The reasoning-prefix level limits the privileged block as well as the SFT targets (the paper's
+  "progressively closer to the prompt-only setting"); `pact_level_limits_context: false` keeps
+  the block at level 4.
 
 Expert trace shape (tasks.parquet `expert_trace`): {"turns": [{"reasoning_segments": [{"text",
 "explicit_call_preview"}], "tool_call": {"name", "arguments"} | null, "observation": str | null}]}.
@@ -31,16 +38,16 @@ from harnessrl.errors import UserError
 from harnessrl.pact_levels import reasoning_level, reasoning_prefix
 from harnessrl.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from harnessrl.trainer.data import Sample, aggregate, collate
-from harnessrl.trainer.grpo import HarnessTrainer
+from harnessrl.trainer.grpo import HarnessTrainer, prompt_key
 from harnessrl.trainer.packing import pack, packed_logps
 from harnessrl.trainer.sft import span_weights
 
 _MARK = "\x00HARNESSRL\x00"
 
 
-def gate(seed: int, task_id: str, step: int, q: float) -> int:
-    """z_i ∈ {0, 1}, P(z = 1) = q."""
-    h = hashlib.sha256(f"{seed}:{task_id}:{step}".encode()).digest()
+def gate(seed: int, task_id: str, draw: int, q: float) -> int:
+    """z_i ∈ {0, 1}, P(z = 1) = q; `draw` is the epoch (or the step, with `pact_gate: step`)."""
+    h = hashlib.sha256(f"{seed}:{task_id}:{draw}".encode()).digest()
     u = int.from_bytes(h[:8], "big") / 2**64
     return int(u < q)
 
@@ -194,12 +201,13 @@ class PactTrainer(HarnessTrainer):
     def build_batch(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         lam, level = self.schedule()
         step = self.state.global_step
+        draw = step // self.plan.per_epoch if self.cfg.pact_gate == "epoch" else step
         rows, gates, sft_rows = [], [], []
         seen: set[str] = set()
         for s in samples:
             task = self.data.tasks.get(s.task_id) if s.task_id else None
             trace = task.expert_trace if task else None
-            z = 1 if not trace else gate(self.cfg.seed, s.task_id, step, self.cfg.pact_q)
+            z = 1 if not trace else gate(self.cfg.seed, s.task_id, draw, self.cfg.pact_q)
             gates.append(float(z))
             if z:
                 rows.append(s)
@@ -232,7 +240,7 @@ class PactTrainer(HarnessTrainer):
         from accelerate.utils import gather_object
 
         out = super().step_weights(batch, samples)
-        rows = list(zip([s.task_id or s.rollout_id for s in samples], (batch["sft_weights"][:, 1:].sum(-1) > 0).tolist()))
+        rows = list(zip([prompt_key(s) for s in samples], (batch["sft_weights"][:, 1:].sum(-1) > 0).tolist()))
         everyone = gather_object(rows) if self.accelerator.num_processes > 1 else rows
         out["sft_row_weight"] = torch.tensor(sft_row_weights(rows, everyone), device=batch["sft_weights"].device)
         return out
