@@ -35,7 +35,7 @@ from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.embeddings import EMBEDDINGS
 from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable, error_body, error_response
 from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError, credential_headers
-from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify
+from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify, reader_scope
 from harnessrl.proxy.limits import Guard, check_metadata, read_body
 from harnessrl.proxy.logs import call_id as current_call
 from harnessrl.proxy.metrics import ProxyMetrics
@@ -202,7 +202,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
             if policy is not None:
                 enforce(policy, call)
             if adapter.resolve is not None:
-                call = await adapter.resolve(call, stored.fetch)
+                call = await adapter.resolve(call, stored.scoped(reader_scope(ident, headers, cfg.api_key)))
             call.via, call.client = adapter.surface, user_agent(headers)
             serving: Serving = state["serving"]
             if state["upstreams"] is not None:  # the session's upstream, held until the answer is sent
@@ -336,7 +336,7 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
         return _json({"version": version})
 
     responses = next((a for a in adapters if a.path == "responses"), None)
-    ws = ResponsesSocket(hot, responses, cfg.api_key, stored.fetch,
+    ws = ResponsesSocket(hot, responses, cfg.api_key, stored.scoped,
                          lambda: state["serving"].route.model_name) if responses is not None else None
     return ProxyApp(app, hot, adapters, Guard(app, cfg.api_key, cfg.max_body_bytes), ws)
 
@@ -358,6 +358,14 @@ class ProxyApp:
         self._hot_path = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?(?P<v1>/v1)?/(?P<kind>"
                                     + "|".join(re.escape(p) for p in self._adapters) + ")/?$")
         self._bare = {"messages"}  # the adapters served without /v1 too
+
+    def mount(self, path: str, sub) -> None:
+        """Serve the ASGI app `sub` at `path` (the trace viewer at /ui). A sub-app that checks the
+        proxy's key itself (`sub.state.checks_key`: the viewer's sign-in page, which a browser
+        reaches without an Authorization header) is left to do so; any other stays behind the key."""
+        self.api.mount(path, sub)
+        if getattr(getattr(sub, "state", None), "checks_key", False):
+            self._guard.own_key_check += (path.rstrip("/"),)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -5,7 +5,8 @@ backend queues them on its one worker; an upstream gets one request per sample a
 cache serves the shared prompt once). Why one route run per sample rather than one upstream
 request with `n`: each sample's ids, log-probs, weight version and finish reason are then read
 exactly as a single call's, by the same code, on every route. A sample with a `seed` gets
-`seed + i`, so seeded samples differ and stay reproducible.
+`seed + i` (wrapping as a signed 64-bit integer, the range vLLM takes), so seeded samples differ
+and stay reproducible.
 
 Every sample gets a call id and a record (siblings in the session's prefix tree: compile sees
 them as branches), all are committed before the harness gets one response with n choices;
@@ -55,8 +56,8 @@ def check_best_of(body: dict) -> None:
 def sample_request(req: Request, i: int) -> Request:
     """The i-th sample's request: one choice, its own seed."""
     body = {k: v for k, v in req.body.items() if k not in ("n", "best_of")}
-    if i and isinstance(body.get("seed"), int):
-        body["seed"] += i
+    if i and isinstance(body.get("seed"), int):  # (validate.py: within [-2^63, 2^63-1])
+        body["seed"] = (body["seed"] + i + 2 ** 63) % 2 ** 64 - 2 ** 63
     return Request(body, req.chat, upstream=req.upstream, notes=req.notes)
 
 
@@ -67,7 +68,7 @@ async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str
     headers = {"x-harnessrl-call": call_id}
     try:
         turn = serving.index.find(_key(ident), req.messages, req.tools) if req.chat else None
-        prompt = serving.route.prompt(req, turn)
+        prompt = await serving.route.prompt(req, turn)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
         return error_response(await _fail_all(serving, recs, [as_proxy_error(exc)] * k, t0), headers)
     for rec in recs:

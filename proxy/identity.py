@@ -94,6 +94,22 @@ def identify(path_params: dict, headers, api_key: str | None) -> Identity:
     return ident
 
 
+def reader_scope(ident: Identity, headers, api_key: str | None) -> str | None:
+    """The rollout whose stored responses a request may read and continue: its own (`unassigned`
+    when it names none); None, any rollout, for the operator — the proxy's own key, sent as
+    itself (not inside an `hrl-` key) by a request that names no rollout. An id from another
+    rollout is then answered as one that does not exist (`stored_responses`)."""
+    if api_key is None or ident.rollout != UNASSIGNED_ROLLOUT:
+        return ident.rollout
+    token = bearer(headers) or ""
+    return None if hmac.compare_digest(token.encode(), api_key.encode()) else ident.rollout
+
+
+def valid_id(name: str, value: str) -> bool:
+    """Whether `value` fits the charset and length of a `name` id (rollout, agent, call, ...)."""
+    return len(value) <= _LIMITS[name] and _ID.fullmatch(value) is not None
+
+
 def check_id(name: str, value: str, param: str | None = None) -> None:
     """400 unless `value` fits the charset and length of a `name` id (rollout, agent, ...)."""
     limit = _LIMITS[name]

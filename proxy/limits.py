@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from harnessrl.proxy.errors import ProxyError, bad_request, error_response
 from harnessrl.proxy.identity import check_auth
 
 # probes carry no key (see probes.py)
 OPEN_PATHS = frozenset({"/health", "/ready"})
-_GUARD_HEADERS = {b"authorization", b"content-length"}
+# the key in either header `identity.check_auth` reads (x-api-key: Anthropic's SDK, and harnesses
+# that set only that one); one header missing here once refused x-api-key on every route but the hot path
+_GUARD_HEADERS = {b"authorization", b"x-api-key", b"content-length"}
 
 
 def too_large(limit: int) -> ProxyError:
@@ -49,6 +53,10 @@ class Guard:
         self.app = app
         self.api_key = api_key
         self.max_body = max_body
+        self.own_key_check: tuple[str, ...] = ()  # mounted apps that check the key themselves (`ProxyApp.mount`)
+
+    def _checks_key(self, path: str) -> bool:
+        return path not in OPEN_PATHS and not any(path == p or path.startswith(p + "/") for p in self.own_key_check)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -56,7 +64,7 @@ class Guard:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _GUARD_HEADERS}
         try:
-            if scope["path"] not in OPEN_PATHS:
+            if self._checks_key(scope["path"]):
                 check_auth(headers, self.api_key)
             body = await read_body(headers, receive, self.max_body)
         except ProxyError as err:
@@ -77,15 +85,18 @@ def _replay(body: bytes, receive):
 
 
 def check_metadata(meta: dict | None, limit: int) -> None:
-    """Rollout and reward `metadata`: plain JSON (what every database stores alike) of at most
-    `limit` bytes."""
+    """Rollout and reward `metadata`: plain JSON (what every database stores alike) that the
+    proxy can write back (orjson: integers within 64 bits, nesting within 254 levels — stored
+    beyond that, the rollout list could no longer be answered), of at most `limit` bytes."""
     if meta is None:
         return
     try:
-        size = len(json.dumps(meta, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode())
-    except ValueError:  # NaN, Infinity (json.loads takes them) or an unpaired surrogate
-        raise bad_request("'metadata' must be plain JSON: no NaN, Infinity or unpaired surrogates",
-                          param="metadata", code="invalid_value") from None
+        size = len(orjson.dumps(meta))
+        json.dumps(meta, allow_nan=False)  # orjson would write NaN and Infinity as null
+    except (orjson.JSONEncodeError, ValueError):  # (JSONEncodeError is a TypeError)
+        raise bad_request("'metadata' must be plain JSON: no NaN or Infinity, no unpaired surrogates, integers "
+                          "in [-2^63, 2^64-1], nested at most 254 levels", param="metadata",
+                          code="invalid_value") from None
     if size > limit:
         raise bad_request(f"'metadata' is {size} bytes as JSON; the limit is {limit}", param="metadata",
                           code="metadata_too_large")

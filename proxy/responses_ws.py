@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect
 
 from harnessrl.proxy.callrows import new_call_id
 from harnessrl.proxy.errors import ProxyError, bad_request, error_body
-from harnessrl.proxy.identity import check_auth, identify
+from harnessrl.proxy.identity import check_auth, identify, reader_scope
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.responses_request import CONTEXT_NOTE, LOADED_NOTE, resolve
 from harnessrl.proxy.responses_wire import ResponsesWire
@@ -70,13 +70,15 @@ class _Connection:
 
 class ResponsesSocket:
     """Serves the WebSocket scopes of the Responses path. `hot(scope, receive, send, adapter,
-    path_params)` is the app's HTTP hot path; `fetch` reads a recorded call (`StoredCalls.fetch`)."""
+    path_params)` is the app's HTTP hot path; `scoped(rollout)` reads a recorded call of that
+    rollout (`StoredCalls.scoped`: the socket's identity decides, as for a POST)."""
 
-    def __init__(self, hot, adapter: Adapter, api_key: str | None, fetch: Fetch, model: Callable[[], str]) -> None:
+    def __init__(self, hot, adapter: Adapter, api_key: str | None, scoped: Callable[[str | None], Fetch],
+                 model: Callable[[], str]) -> None:
         self.hot = hot
         self.adapter = adapter
         self.api_key = api_key
-        self.fetch = fetch
+        self.scoped = scoped
         self.model = model  # the served model's name (known once the app has started)
 
     async def __call__(self, scope, receive, send, path_params: dict) -> None:
@@ -85,12 +87,12 @@ class ResponsesSocket:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             check_auth(headers, self.api_key)
-            identify(path_params, headers, self.api_key)
+            ident = identify(path_params, headers, self.api_key)
         except ProxyError as err:
             await _deny(scope, send, err)
             return
         await send({"type": "websocket.accept"})
-        conn = _Connection(self.adapter, self.fetch)
+        conn = _Connection(self.adapter, self.scoped(reader_scope(ident, headers, self.api_key)))
         while True:
             msg = await receive()
             if msg["type"] == "websocket.disconnect":
@@ -128,7 +130,7 @@ class ResponsesSocket:
 
     async def _warmup(self, conn: _Connection, send, body: dict) -> None:
         try:
-            req = await conn.resolve(conn.adapter.request({**body, "stream": True}), self.fetch)
+            req = await conn.resolve(conn.adapter.request({**body, "stream": True}), conn.fetch)
         except ProxyError as err:
             return await _error_event(send, err)
         call_id = new_call_id()

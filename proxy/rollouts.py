@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 from sqlalchemy import insert, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,8 +23,22 @@ def _not_found(what: str, ident: str) -> ProxyError:
     return ProxyError(404, f"{what} {ident!r} does not exist", "invalid_request_error", code=f"{what}_not_found")
 
 
+def readable(meta: Any) -> Any:
+    """Stored metadata as the answer can hold it. A DB written before `limits.check_metadata`
+    refused such values may hold an integer beyond 64 bits or nesting deeper than orjson writes:
+    that one value is replaced by a note, so the list and the rollout still answer."""
+    if meta is None:
+        return None
+    try:
+        orjson.dumps(meta)
+    except orjson.JSONEncodeError:
+        return {"harnessrl_unreadable": "this metadata cannot be written as JSON by the proxy (an integer beyond "
+                                        "64 bits or nesting deeper than 254 levels); it is kept in the records DB"}
+    return meta
+
+
 def rollout_json(r: Rollout) -> dict[str, Any]:
-    return {"id": r.id, "task_id": r.task_id, "group_id": r.group_id, "run": r.run, "metadata": r.meta,
+    return {"id": r.id, "task_id": r.task_id, "group_id": r.group_id, "run": r.run, "metadata": readable(r.meta),
             "status": r.status, "created_at": r.created_at, "finished_at": r.finished_at,
             "errors": r.errors or 0}  # calls answered with an error (refused or failed) while it ran
 
@@ -117,7 +132,7 @@ class Rollouts:
             out["calls"] = [{f: getattr(c, f) for f in _CALL_FIELDS} for c in calls]
             rewards = s.scalars(select(Reward).where(Reward.rollout_id == rollout_id).order_by(Reward.id))
             out["rewards"] = [{"id": w.id, "call_id": w.call_id, "kind": w.kind, "name": w.name, "value": w.value,
-                               "metadata": w.meta} for w in rewards]
+                               "metadata": readable(w.meta)} for w in rewards]
             return out
 
     def weight_version(self, version: str, path: str | None) -> None:

@@ -70,7 +70,7 @@ def serve(cfg: ProxyConfig, mounts: Callable[[], dict[str, Any]] | None = None,
     def run_one(sock: socket.socket) -> None:
         app = build_app(cfg)
         for path, sub in (mounts() if mounts else {}).items():
-            app.api.mount(path, sub)
+            app.mount(path, sub)
         uvicorn.Server(_uvicorn_config(app, cfg, log_config)).run(sockets=[sock])
 
     if cfg.workers > 1:  # cfg was checked by the caller (the CLI), so a refused setting never forks

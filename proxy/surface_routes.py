@@ -1,5 +1,5 @@
 """The surfaces' endpoints that serve no model call (nothing is recorded):
-`GET /v1/responses/{id}` (a stored Responses object) and `POST /v1/messages/count_tokens` (the
+`GET /v1/responses/{id}` (a stored Responses object of the caller's rollout) and `POST /v1/messages/count_tokens` (the
 prompt's size with the route's tokenizer), also under /r/{rollout}/a/{agent}; count_tokens also
 without /v1, where clients that append only `/messages` to the base URL send it (the Vercel AI SDK).
 
@@ -20,7 +20,7 @@ from starlette.responses import Response
 from harnessrl.proxy import anthropic_wire
 from harnessrl.proxy.anthropic_request import translate
 from harnessrl.proxy.errors import BackendRejected, ProxyError, error_response
-from harnessrl.proxy.identity import check_auth
+from harnessrl.proxy.identity import check_auth, identify, reader_scope
 from harnessrl.proxy.stored_responses import StoredCalls
 from harnessrl.proxy.validate import parse_json
 
@@ -48,7 +48,9 @@ def add_surface_routes(app: FastAPI, api_key: str | None, route: Callable[[], An
     async def get_response(request: Request) -> Response:
         try:
             check_auth(request.headers, api_key)
-            return _json(await stored.response(request.path_params["response_id"]))
+            ident = identify(request.path_params, request.headers, api_key)
+            scope = reader_scope(ident, request.headers, api_key)
+            return _json(await stored.response(request.path_params["response_id"], scope))
         except ProxyError as err:
             return error_response(err)
 

@@ -17,6 +17,8 @@ MODEL_MAX = 256  # the calls.model column
 # orjson reads 1,024 levels of nesting but writes only 254: a body nested deeper could be read,
 # then not forwarded or recorded (a 500); it is refused here
 MAX_DEPTH = 254
+# `seed`: what vLLM takes (its protocol bounds it to torch.long) and what orjson writes
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 def parse_json(body: bytes) -> dict:
@@ -83,7 +85,7 @@ _COMMON = (
     ("presence_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
     ("frequency_penalty", lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]"),
     ("logit_bias", _logit_bias, "an object mapping token ids to numbers in [-100, 100]"),
-    ("seed", is_int, "an integer"),
+    ("seed", lambda v: is_int(v) and SEED_MIN <= v <= SEED_MAX, "an integer in [-2^63, 2^63-1]"),
     ("n", lambda v: is_int(v) and 1 <= v <= 64, "an integer in [1, 64]"),
     ("stop", _stop, "a string or a list of at most 4 strings"),
     ("stream_options", lambda v: isinstance(v, dict) and v.get("include_usage") in (None, True, False),
