@@ -1,10 +1,14 @@
 """The parsed response of one completion: its tool calls and its final answer.
 
-Tool calls come from the recorded native `tool_calls`, else from the text: hermes
-`<tool_call>` JSON (by `harnessrl.toolcalls`, the rule the proxy uses too) and MATPO
-`<use_mcp_tool>` XML. A block that is not a valid call is kept as an attempt with no name and no
-arguments (it counts against `tool_format`). The answer is the text of `<answer>` / `\\boxed{}`,
-else the content outside think and call blocks.
+Tool calls come from the recorded native `tool_calls` and from the text: hermes `<tool_call>`
+JSON (by `harnessrl.toolcalls`, the rule the proxy uses too) and MATPO `<use_mcp_tool>` XML. A
+block that is not a valid call is kept as an attempt with no name and no arguments (it counts
+against `tool_format` and MATPO's rates). Beside native calls a `<tool_call>` block counts only when it is
+not a valid call: the proxy's own parser moves valid blocks into `tool_calls` and leaves broken
+ones in the content, and vLLM's keeps everything as content when one block is broken, so both
+record shapes of one turn count the same attempts; a valid block some server left in the content
+beside its tool call is that call, not a second one. The answer is the text of `<answer>` /
+`\\boxed{}`, else the content outside think and call blocks.
 
 The regexes work on bytes and stop at NUL: the labeller runs them over a batch of completions
 joined by NUL bytes, and no span may cross one.
@@ -73,13 +77,15 @@ def parse_response(text: str, native_calls: list[dict[str, Any]] | None = None) 
     """Tool calls (native, else hermes / MATPO text) and the final answer of one completion."""
     raw = text.encode()
     out = ParsedResponse()
-    if native_calls:
-        out.calls = [native_call(tc) for tc in native_calls]
-    else:
-        for m in TOOL_CALL.finditer(raw):
-            body = m.group(1).decode(errors="replace").strip()
-            call = parse_tool_call(body)
-            out.calls.append(ParsedCall(call.name, call.arguments, body) if call else ParsedCall(None, None, body))
+    out.calls = [native_call(tc) for tc in native_calls or []]
+    for m in TOOL_CALL.finditer(raw):
+        body = m.group(1).decode(errors="replace").strip()
+        call = parse_tool_call(body)
+        if call is None:
+            out.calls.append(ParsedCall(None, None, body))
+        elif not native_calls:
+            out.calls.append(ParsedCall(call.name, call.arguments, body))
+    if not native_calls:
         for m in MCP.finditer(raw):
             fields = {k.decode(): v.decode(errors="replace").strip() for k, v in MCP_FIELD.findall(m.group(1))}
             out.calls.append(ParsedCall(fields.get("tool_name"), parse_arguments(fields.get("arguments", "")),
