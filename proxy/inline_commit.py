@@ -9,7 +9,7 @@ loop are written here, in one transaction, once that iteration's callbacks have 
 The loop must never block on the database, so this connection waits for no lock
 (busy_timeout=0) and never checkpoints the WAL (a checkpoint fsyncs). A batch that finds the
 write lock taken (another process, the rollout API) or meets any error is rolled back and
-handed, unchanged, to the writer thread, which has the waiting, retry, row-by-row and backlog
+handed, unchanged, to the writer thread, which has the waiting, retry, row-by-row and journal
 logic; the writer thread also runs the WAL checkpoints (`Checkpointer`), when asked for one.
 """
 

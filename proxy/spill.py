@@ -63,7 +63,7 @@ def default_dir(url: URL | str, spill_dir: str | Path | None = None) -> Path:
         state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
         spill_dir = Path(state) / "harnessrl" / "spill"
     # the password is no part of the DB's identity (and must not be on disk)
-    ident = url.set(password=None).render_as_string(hide_password=False)
+    ident = url._replace(password=None).render_as_string(hide_password=False)  # URL is a NamedTuple
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{url.get_backend_name()}-{Path(url.database or 'memory').name}")
     return Path(spill_dir).expanduser() / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 

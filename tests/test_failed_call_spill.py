@@ -236,3 +236,46 @@ def test_a_full_journal_turns_new_calls_away_and_drops_none(upstream, pg_url, tm
     ids = [a.headers["x-harnessrl-call"] for a in answers]
     assert sum(i in stored for i in ids) == journaled  # each call that reached the model, none refused
     assert all(stored[i][0] == "error" for i in ids if i in stored)
+
+
+def test_journal_location_is_keyed_by_the_db_without_its_password(tmp_path, monkeypatch):
+    from harnessrl.proxy.spill import default_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert default_dir(f"sqlite:///{tmp_path}/runs.db") == tmp_path / "runs.db-spill"
+    a = default_dir("postgresql+psycopg://u:secret@db:5432/prod?options=-csearch_path%3Dx")
+    assert a.parent == tmp_path / "state" / "harnessrl" / "spill" and a.name.startswith("postgresql-prod-")
+    assert default_dir("postgresql+psycopg://u:other@db:5432/prod?options=-csearch_path%3Dx") == a
+    assert default_dir("postgresql+psycopg://u@db:5432/prod?options=-csearch_path%3Dy") != a
+    assert "secret" not in str(a)
+    assert default_dir("postgresql+psycopg://u@db/prod", tmp_path / "given").parent == tmp_path / "given"
+
+
+def test_a_journal_left_by_a_dead_proxy_is_adopted_without_its_cut_last_line(tmp_path):
+    """A proxy killed mid-append leaves a partial last line (its batch was never answered): the
+    next proxy takes the whole lines over and skips the cut one; a live proxy's journal is left alone."""
+    import fcntl
+
+    from harnessrl.proxy.spill import Spill
+
+    dead = Spill(tmp_path)
+    dead.append([_rec(1), _rec(2)])
+    path = next(tmp_path.glob("*.jsonl"))
+    with open(path, "ab") as f:
+        f.write(b'{"id": "c3", "rollout_id": "unas')  # cut by the kill
+    live = Spill(tmp_path)  # started while the other still ran: nothing to adopt
+    live.append([_rec(4)])
+    os.close(dead._lock_fd)  # the process is gone: its lock with it
+    fd = os.open(tmp_path / f"{live._name}.lock", os.O_RDWR)
+    with pytest.raises(BlockingIOError):  # held by its (live) owner
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    adopter = Spill(tmp_path)
+    assert adopter.rows == 2 and not path.exists()
+    got = adopter.take(10)
+    assert [(r.id, r.prompt_ids, r.response_text, r.request) for r in got] == [
+        ("c1", b"\x01\x00\x00\x00", "a\x00b", {"messages": [], "n": 1}),
+        ("c2", b"\x01\x00\x00\x00", "a\x00b", {"messages": [], "n": 2})]
+    adopter.settle(2, [])
+    assert adopter.rows == 0 and adopter.bytes == 0
+    assert live.rows == 1 and (tmp_path / f"{live._name}.jsonl").exists()
