@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, make_url
@@ -20,6 +21,16 @@ def db_url(target: str) -> str:
     if "://" in target:
         return target
     return f"sqlite:///{Path(target).expanduser()}"
+
+
+def shown_db(target: str) -> str:
+    """`target` as it may be printed or logged: a URL's password as `***`."""
+    if "://" not in target:
+        return target
+    try:
+        return make_url(target).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: mask what looks like user:password@
+        return re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", target)
 
 
 def sqlite_file(engine: Engine) -> Path | None:

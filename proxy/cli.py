@@ -10,9 +10,10 @@ from typing import Any
 import typer
 
 
-def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = None) -> None:
-    """Add this part's commands to the main app. `ui(db, tokenizer)`: the trace viewer's ASGI app,
-    given by the app layer (the proxy imports no other part), served at /ui/ unless `--no-ui`."""
+def register(app: typer.Typer, ui: Callable[[str, str | None, str | None], Any] | None = None) -> None:
+    """Add this part's commands to the main app. `ui(db, tokenizer, api_key)`: the trace viewer's
+    ASGI app, given by the app layer (the proxy imports no other part), served at /ui/ unless
+    `--no-ui`; with --api-key the viewer asks for that key (its sign-in page)."""
 
     @app.command("proxy")
     def proxy(
@@ -90,8 +91,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         workers: int = typer.Option(1, "--workers", help="Proxy processes sharing the port and the records DB "
                                     "(one upstream, pass-through): each uses up to one core. The prefix index, "
                                     "rollout-status cache and /metrics are per process."),
-        no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (it is never "
-                                   "served with --api-key: the viewer has no authentication)."),
+        no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the trace viewer at /ui/ (with --api-key "
+                                   "it asks for that key: a browser signs in once)."),
     ) -> None:
         """Run the recording proxy: an OpenAI-compatible endpoint that records every call."""
         from rich.console import Console
@@ -99,6 +100,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         from harnessrl.proxy.logs import configure
         from harnessrl.proxy.server import ProxyConfig, serve
 
+        from harnessrl.db import shown_db
         from harnessrl.errors import UserError
 
         if api_key is None and os.environ.get("HARNESSRL_PROXY_API_KEY") == "":
@@ -135,8 +137,8 @@ def register(app: typer.Typer, ui: Callable[[str, str | None], Any] | None = Non
         if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
             warn(f"listening on {host} without --api-key: anyone who can reach this port can make model calls and "
                  "read or write rollouts")
-        say(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {db}")
-        with_ui = ui is not None and not no_ui and not api_key
+        say(f"harnessrl proxy on http://{host}:{port} → {target}; recording to {shown_db(db)}")
+        with_ui = ui is not None and not no_ui
         if with_ui:
-            say(f"trace viewer on http://{host}:{port}/ui/")
-        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer)}) if with_ui else None, log_config)
+            say(f"trace viewer on http://{host}:{port}/ui/" + (" (sign in with the --api-key)" if api_key else ""))
+        serve(cfg, (lambda: {"/ui": ui(db, model or tokenizer, api_key)}) if with_ui else None, log_config)

@@ -1,5 +1,5 @@
 """`harnessrl proxy` serves the trace viewer live at /ui/ (wired by the app layer), not with
-`--no-ui`, and never with `--api-key` (the viewer has no authentication)."""
+`--no-ui`; with `--api-key` it asks for that key (the sign-in: tests/test_viewer_auth.py)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def test_viewer_mounted_in_the_proxy(tmp_path, tiny_model_dir, flags, served):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi <b>there</b>"}],
                                        max_tokens=3)
         page = httpx.get(url + "/ui/")
-        if not served:
-            assert page.status_code in (401, 404)
+        if not served:  # --no-ui: none; --api-key: the sign-in page
+            assert page.status_code == (401 if "--api-key" in flags else 404)
             return
         assert page.status_code == 200 and rid in page.text  # recorded after the proxy started: live
         assert "script-src 'self'" in page.headers["content-security-policy"]

@@ -187,6 +187,44 @@ def test_the_viewer_in_the_recording_proxy_shows_new_calls(tiny_model_dir, tmp_p
         backend.close()
 
 
+def test_the_viewer_behind_a_key_signs_a_browser_in_once(upstream, tmp_path):
+    """With a key (the proxy's, as `harnessrl proxy --api-key` serves it), a browser gets the
+    sign-in page, types the key once and is in: the pages, the live refresh (its script's
+    requests carry the cookie) and a rollout page work; a `?key=` link signs a fresh browser in
+    and leaves no key in the address."""
+    db = str(tmp_path / "runs.db")
+    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0, api_key="k")) as proxy:
+        proxy.app.mount("/ui", create_viewer(db, api_key="k"))
+        hrl = HarnessRL(proxy.url, api_key="k")
+
+        def record(content: str) -> str:
+            with hrl.rollout(task_id="keyed") as ro:
+                openai.OpenAI(base_url=ro.base_url("solo"), api_key="k", max_retries=0).chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": content}], max_tokens=4)
+            return ro.id
+
+        first = record("hi")
+        rows = "[...document.querySelectorAll('tr[data-rollout]')].map(r => r.dataset.rollout)"
+        with chromium_page(CHROMIUM, tmp_path / "cdp") as tab:
+            tab.goto(proxy.url + "/ui/")
+            assert tab.eval("document.querySelector('form#login input[type=password]') !== null")
+            assert tab.eval(rows) == []
+            tab.eval("document.getElementById('key').value = 'k'; document.getElementById('login').submit()")
+            tab.wait_for(f"{rows}.includes('{first}')")
+            assert tab.eval("location.pathname") == "/ui/"
+            tab.eval("window.loadedOnce = true; document.getElementById('live').click()")
+            second = record("a second one")
+            tab.wait_for(f"{rows}.includes('{second}')")  # the live refresh is signed in too
+            assert tab.eval("window.loadedOnce === true")
+            tab.goto(f"{proxy.url}/ui/rollouts/{first}")
+            assert tab.eval("document.querySelectorAll('details.call').length") == 1
+            assert tab.eval("document.cookie") == ""  # HttpOnly: the page's script cannot read it
+        with chromium_page(CHROMIUM, tmp_path / "cdp-link") as tab:
+            tab.goto(proxy.url + "/ui/?key=k")
+            tab.wait_for(f"{rows}.includes('{first}')")
+            assert tab.eval("location.href") == proxy.url + "/ui/"
+
+
 @pytest.fixture(scope="module")
 def long_site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("long")

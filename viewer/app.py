@@ -21,12 +21,13 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from harnessrl.db import db_url, open_db
 from harnessrl.errors import UserError
+from harnessrl.viewer.auth import ViewerKey, login_form, safe_next, without_key
 from harnessrl.viewer.queries import STATUSES, ListQuery, group_rollouts, list_rollouts, runs
 from harnessrl.viewer.rollout import find_tokenizer, rollout_view
 from harnessrl.viewer.runs import check_loop_dir, runs_view
@@ -60,11 +61,11 @@ def _templates() -> jinja2.Environment:
 
 
 def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path | None = None,
-                  tokenizer: str | None = None) -> FastAPI:
+                  tokenizer: str | None = None, api_key: str | None = None) -> FastAPI:
     """The viewer over a records DB (SQLite path or URL); `samples`: a compile output directory
     (advantages, loss masks); `loop`: a `harnessrl loop` output directory (`/runs`);
     `tokenizer`: token text and classes (default: a recorded model name that is a directory, else
-    the loop's current checkpoint)."""
+    the loop's current checkpoint); `api_key`: the key every page and JSON endpoint needs (`auth`)."""
     url = db_url(db)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise UserError(f"records DB not found: {db}")
@@ -76,6 +77,10 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
     env = _templates()
     app = FastAPI(title="harnessrl viewer", openapi_url=None, docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    if api_key is not None:
+        _require_key(app, ViewerKey(api_key), env)
+    # the mounting proxy leaves the key check of this path to the viewer (its sign-in page)
+    app.state.checks_key = api_key is not None
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):
@@ -194,10 +199,46 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
     return app
 
 
+def _require_key(app: FastAPI, key: ViewerKey, env: jinja2.Environment) -> None:
+    """Every request but the static files needs `key` (`auth`): unsigned, a page gets the sign-in
+    form (401), a JSON endpoint a 401 error."""
+
+    def login_page(root: str, status: int, message: str, next_url: str) -> HTMLResponse:
+        html = env.get_template("login.html").render(root=root, has_loop=False, message=message, next=next_url)
+        return HTMLResponse(html, status)
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next):
+        root = request.scope.get("root_path", "").rstrip("/")
+        path = request.url.path[len(root):] if request.url.path.startswith(root) else request.url.path
+        if path.startswith("/static/"):
+            return await call_next(request)
+        secure = request.url.scheme == "https"
+        if path == "/login" and request.method == "POST":
+            given, target = login_form(await request.body())
+            if not key.is_key(given):
+                return login_page(root, 401, "wrong key", safe_next(target, root))
+            signed = RedirectResponse(safe_next(target, root), 303)
+            signed.set_cookie(**key.cookie(root, secure))
+            return signed
+        if "key" in request.query_params and request.method == "GET":
+            # a link that carries the key: signed in, and the key taken off the address at once
+            if not key.is_key(request.query_params["key"]):
+                return login_page(root, 401, "wrong key", root + "/")
+            signed = RedirectResponse(without_key(request.url.path, request.query_params.multi_items()), 303)
+            signed.set_cookie(**key.cookie(root, secure))
+            return signed
+        if key.allows(dict(request.headers), dict(request.cookies)):
+            return await call_next(request)
+        if path.startswith("/api/"):
+            return JSONResponse({"error": {"message": "missing or wrong key: send Authorization: Bearer KEY",
+                                           "type": "authentication_error"}}, 401)
+        query = ("?" + request.url.query) if request.url.query else ""
+        return login_page(root, 401, "", safe_next(request.url.path + query, root))
+
+
 def standalone(viewer: FastAPI) -> FastAPI:
     """`harnessrl ui`: the viewer at `/ui/` (the same paths as in the proxy), `/` redirecting there."""
-    from fastapi.responses import RedirectResponse
-
     root = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
     @root.get("/")

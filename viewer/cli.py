@@ -14,22 +14,36 @@ def ui_cmd(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir, else the --loop checkpoint)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8765, "--port", help="Port to listen on."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="HARNESSRL_UI_API_KEY",
+                                       help="Require this key: a browser signs in once (the page asks, or open "
+                                       "/ui/?key=KEY), scripts send Authorization: Bearer KEY."),
 ) -> None:
     """Serve the trace viewer: rollouts, session prefix trees, token classes, rewards and advantages."""
+    import os
     import socket
 
     import uvicorn
     from rich.console import Console
 
+    from harnessrl.db import shown_db
     from harnessrl.errors import UserError
     from harnessrl.viewer.app import create_viewer, standalone
 
-    app = standalone(create_viewer(db, samples=samples, loop=loop, tokenizer=tokenizer))
+    if api_key is None and os.environ.get("HARNESSRL_UI_API_KEY") == "":
+        api_key = ""
+    if api_key == "":  # an empty variable must not silently turn the key off
+        raise UserError("the viewer's API key is empty (--api-key or HARNESSRL_UI_API_KEY): give a key or neither")
+    app = standalone(create_viewer(db, samples=samples, loop=loop, tokenizer=tokenizer, api_key=api_key))
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    Console(stderr=True).print(f"harnessrl viewer on http://{host}:{port}/ui/ — records from {db}")
+    console = Console(stderr=True)
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this "
+                      "port can read every recorded prompt and answer")
+    console.print(f"harnessrl viewer on http://{host}:{port}/ui/ — records from {shown_db(db)}"
+                  + (" (sign in with the --api-key)" if api_key else ""), soft_wrap=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
 
 

@@ -69,10 +69,10 @@ def db_upgrade(
     db: str = typer.Option("runs.db", "--db", help="SQLite path or postgresql+psycopg:// URL."),
 ) -> None:
     """Create the records DB or migrate it to the newest schema."""
-    from harnessrl.db import make_engine, upgrade
+    from harnessrl.db import make_engine, shown_db, upgrade
 
     upgrade(make_engine(db))
-    Console().print(f"records DB at head: {db}")
+    Console().print(f"records DB at head: {shown_db(db)}")
 
 
 @app.command("loop")
@@ -185,11 +185,12 @@ def tasks_coding(
                     soft_wrap=True)
 
 
-def _viewer(db: str, tokenizer: str | None):
-    """The trace viewer the proxy serves live at /ui/ (the proxy itself imports no other part)."""
+def _viewer(db: str, tokenizer: str | None, api_key: str | None):
+    """The trace viewer the proxy serves live at /ui/ (the proxy itself imports no other part),
+    behind the proxy's key."""
     from harnessrl.viewer.app import create_viewer
 
-    return create_viewer(db, tokenizer=tokenizer)
+    return create_viewer(db, tokenizer=tokenizer, api_key=api_key)
 
 
 proxy_cli.register(app, ui=_viewer)
