@@ -113,8 +113,6 @@ class LocalBackend:
         config = self._model.config
         if not prompt_ids:
             raise BackendRejected("the prompt is empty")
-        if any(not isinstance(i, int) or not 0 <= i < config.vocab_size for i in prompt_ids):
-            raise BackendRejected(f"prompt token ids must be integers in [0, {config.vocab_size})")
         if params.max_tokens < 1:
             raise BackendRejected("max_tokens must be at least 1")
         if not (params.temperature >= 0 and math.isfinite(params.temperature)):
@@ -127,6 +125,9 @@ class LocalBackend:
                 f"this model's maximum context length is {limit} tokens; the prompt has {len(prompt_ids)} "
                 f"and max_tokens is {params.max_tokens}", code="context_length_exceeded"
             )
+        # after the length check: this runs on the event loop, over at most a context's worth of ids
+        if any(not isinstance(i, int) or not 0 <= i < config.vocab_size for i in prompt_ids):
+            raise BackendRejected(f"prompt token ids must be integers in [0, {config.vocab_size})")
 
     def _sample(self, logits, params: SamplingParams, generator) -> tuple[int, float, list | None]:
         """A token, its log-prob and the top-k alternatives, all under the distribution it is

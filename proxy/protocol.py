@@ -161,8 +161,9 @@ class Route(Protocol):
     model_name: str
     eos_ids: frozenset[int]  # ids that end an assistant turn (empty when the route has no tokenizer)
 
-    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
-        """How the prompt will be built; raises for a request the route cannot serve."""
+    async def prompt(self, req: Request, turn: Turn | None) -> Prompt:
+        """How the prompt will be built; raises for a request the route cannot serve. A route
+        that renders or tokenizes does it off the event loop (a large body takes seconds)."""
 
     async def run(self, req: Request, prompt: Prompt) -> Result: ...
 

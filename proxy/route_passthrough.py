@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from harnessrl.proxy.errors import UpstreamMalformed
+from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
 from harnessrl.proxy.httpclient import Pool
 from harnessrl.proxy.prefix import Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result
-from harnessrl.proxy.upstream import Extract, StreamAssembler, extract_and_strip, prepare, sse_events
+from harnessrl.proxy.upstream import Extract, StreamAssembler, body_error, extract_and_strip, prepare, sse_events
 from harnessrl.proxy.upstream_tokens import upstream_error
 
 
@@ -24,7 +24,7 @@ class PassThroughRoute:
         self.model_name = model_name
         self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
 
-    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
+    async def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
             return Prompt("raw")
         return Prompt("render", turn.call_id if turn else None, turn=turn)
@@ -37,6 +37,8 @@ class PassThroughRoute:
         try:
             data = orjson.loads(resp.body)
             ex = extract_and_strip(data, wants, req.chat)
+        except ProxyError:  # the upstream's error, or a truncated answer
+            raise
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(exc) from None
         return _result(ex, data, prompt, req.upstream)
@@ -62,6 +64,8 @@ class PassThroughRoute:
                     except Exception as exc:  # noqa: BLE001
                         if batch:  # what came before the bad chunk still goes out first
                             yield batch
+                        if isinstance(exc, ProxyError):  # the upstream's own error event
+                            raise
                         raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
                     if delta is not None:
                         batch.append(delta)
@@ -70,11 +74,20 @@ class PassThroughRoute:
                     yield batch
         finally:  # a harness that hung up: the upstream connection is closed, so it stops generating
             await chunks.aclose()  # type: ignore[attr-defined]
+        if not asm.answered and (err := body_error(buf)) is not None:
+            raise err
         try:
             ex, full = asm.finish()
+        except ProxyError:
+            raise
         except Exception as exc:  # noqa: BLE001
-            raise UpstreamMalformed(exc) from None
+            raise UpstreamMalformed(f"{exc}{_rest(buf)}") from None
         yield _result(ex, full, prompt, req.upstream)
+
+
+def _rest(buf: bytearray) -> str:
+    """What the stream left that was not a whole SSE event (a body that is not SSE at all)."""
+    return f"; it sent {bytes(buf[:200])!r}" if buf.strip() else ""
 
 
 def _model(req: Request, configured: str | None) -> str | None:

@@ -56,7 +56,7 @@ class TextOnlyRoute:
         self.default_max_tokens = default_max_tokens
         self.upstream_model = upstream_model  # sent as `model` whatever the harness asked for
 
-    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
+    async def prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
             raise bad_request(f"the {self.dialect.name} upstream dialect serves chat calls only",
                               code="unsupported_endpoint")
@@ -76,6 +76,8 @@ class TextOnlyRoute:
             data = orjson.loads(resp.body)
         except orjson.JSONDecodeError as exc:
             raise UpstreamMalformed(exc) from None
+        if not isinstance(data, dict):
+            raise UpstreamMalformed(f"expected a JSON object, got {resp.body[:200]!r}")
         return self.dialect.result(data)
 
     async def stream(self, req: Request, prompt: Prompt) -> AsyncIterator[list[Delta] | Result]:

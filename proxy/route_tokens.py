@@ -5,7 +5,11 @@ assistant message is parsed from the text (hermes `<tool_call>` blocks)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenBackend, TokenDelta
@@ -15,6 +19,9 @@ from harnessrl.proxy.errors import BackendRejected, ProxyError, bad_request
 from harnessrl.proxy.prefix import Prompter, Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
 from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
+
+
+PROMPT_THREADS = min(4, os.cpu_count() or 1)  # prompts rendered and tokenized at once
 
 
 def sampling(body: dict, default_max_tokens: int, top_logprobs: int = 0) -> SamplingParams:
@@ -43,8 +50,17 @@ class TokenRoute:
         # the local backend enforces response_format / tool_choice itself; an upstream is sent them
         self._local = hasattr(backend, "vocab_size")
         self._constrainer: Constrainer | None = None
+        self._constrainer_lock = threading.Lock()
+        # bounded: a burst of large bodies queues here instead of taking every core
+        self._pool = ThreadPoolExecutor(max_workers=PROMPT_THREADS, thread_name_prefix="harnessrl-prompt")
 
-    def prompt(self, req: Request, turn: Turn | None) -> Prompt:
+    async def prompt(self, req: Request, turn: Turn | None) -> Prompt:
+        # rendering and tokenizing a large body takes seconds (8 MB: ~9 s with a fast tokenizer),
+        # all of it on the event loop before: every other call and /health waited (issue 30). The
+        # tokenizers release the GIL while they encode, so the loop runs on meanwhile.
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._prompt, req, turn)
+
+    def _prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:
             p = req.body["prompt"]
             if isinstance(p, list) and isinstance(p[0], str):
@@ -71,8 +87,9 @@ class TokenRoute:
         if not self._local or (body.get("response_format") is None
                                and body.get("tool_choice") in (None, "auto", "none")):
             return None
-        if self._constrainer is None:
-            self._constrainer = Constrainer(self.tok, self.backend.vocab_size, self.eos_ids)  # type: ignore[attr-defined]
+        with self._constrainer_lock:  # prompts are planned on several threads
+            if self._constrainer is None:
+                self._constrainer = Constrainer(self.tok, self.backend.vocab_size, self.eos_ids)  # type: ignore[attr-defined]
         return self._constrainer.compiled(body)
 
     def _params(self, req: Request) -> SamplingParams:

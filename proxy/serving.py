@@ -109,7 +109,7 @@ class Serving:
         headers = {"x-harnessrl-call": call_id}
         try:
             turn, req = self._extends(req, ident, rec) if req.chat else (None, req)
-            prompt = self.route.prompt(req, turn)
+            prompt = await self.route.prompt(req, turn)
             rec.prompt_path, rec.prefix_call_id, rec.drift = prompt.path, prompt.prefix_call_id, prompt.drift
             tm = time.perf_counter()  # the model's (or upstream's) share of the latency starts here
             if req.stream:

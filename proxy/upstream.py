@@ -64,6 +64,35 @@ def upstream_error(status: int, body: bytes) -> ProxyError:
                           "upstream_error")
 
 
+def error_in(obj: Any) -> ProxyError | None:
+    """The upstream's error when a JSON object it sent with status 200 is one: vLLM's streaming
+    error event `{"error": {...}}` (older vLLM: a flat `{"object": "error", ...}`), or such an
+    object as a whole body. The harness and the record get the upstream's words."""
+    if not isinstance(obj, dict):
+        return None
+    err = obj.get("error") if isinstance(obj.get("error"), dict) else obj if obj.get("object") == "error" else None
+    if err is None:
+        return None
+    kind, code = err.get("type"), err.get("code")
+    said = ", ".join(str(x) for x in (kind, code) if x is not None)
+    return ProxyError(502, f"the upstream sent an error: {err.get('message')}" + (f" ({said})" if said else ""),
+                      "upstream_error", code="upstream_error")
+
+
+def body_error(rest: bytes | bytearray) -> ProxyError | None:
+    """The upstream's error when a stream's body was not SSE but one JSON error object (an error
+    answered with status 200, as overloaded gateways do)."""
+    try:
+        return error_in(orjson.loads(rest))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def truncated(what: str) -> ProxyError:
+    """An answer that ended without saying it was complete: never recorded as a finished one."""
+    return ProxyError(502, f"{what} (a truncated answer)", "upstream_error", code="upstream_truncated")
+
+
 def _include_usage(req: dict) -> bool:
     opts = req.get("stream_options")
     return bool(isinstance(opts, dict) and opts.get("include_usage"))
@@ -107,6 +136,8 @@ def _token_logprobs(choice: dict, chat: bool) -> list[float] | None:
 
 def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
     """Read the RL fields of a full (non-stream) response and remove what the harness did not ask for."""
+    if (err := error_in(resp)) is not None:
+        raise err
     ex = Extract(usage=resp.get("usage"))
     choices = resp.get("choices")
     if not isinstance(choices, list) or not choices:  # an error the upstream sent as a 200
@@ -129,6 +160,8 @@ def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
             else:
                 ex.text = ch.get("text")
         _strip_choice(ch, wants, chat, "message")
+    if not ex.finish_reason:
+        raise truncated("the upstream's response has no finish_reason")
     return checked(ex)
 
 
@@ -196,7 +229,10 @@ class StreamAssembler:
 
     def feed(self, chunk: dict) -> Delta | None:
         """Record one chunk; returns its delta for the harness (the stripped chunk as `raw`), or
-        None to drop it. Chunks from the one that finishes on are terminal."""
+        None to drop it. Chunks from the one that finishes on are terminal; an error chunk raises
+        (a stream cut short by the upstream is a failed call, never a shorter answer)."""
+        if (err := error_in(chunk)) is not None:
+            raise err
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
         if self.chat and "prompt_token_ids" in chunk:
@@ -264,6 +300,8 @@ class StreamAssembler:
         if not self.answered:
             raise ValueError("the stream ended without a choice")
         ex = self.ex
+        if not ex.finish_reason:
+            raise truncated("the upstream's stream ended without a finish_reason")
         text = "".join(self.content)
         choice: dict[str, Any] = {"index": 0, "finish_reason": ex.finish_reason, "logprobs": None}
         if self.chat:

@@ -103,6 +103,9 @@ def from_message(data: dict) -> Result:
     """The chat `Result` of an Anthropic `message` object."""
     if data.get("type") != "message" or not isinstance(data.get("content"), list):
         raise UpstreamMalformed(f"expected an Anthropic message object, got {str(data)[:200]}")
+    if not data.get("stop_reason"):  # a stream cut before its message_delta, or a message never finished
+        raise ProxyError(502, "the upstream's message has no stop_reason (a truncated answer)", "upstream_error",
+                         code="upstream_truncated")
     text, reasoning, calls = [], [], []
     for block in data["content"]:
         kind = block.get("type")

@@ -78,6 +78,9 @@ def from_response(data: dict) -> Result:
     if data.get("status") == "failed":
         err = data.get("error") or {}
         raise ProxyError(502, f"upstream: {err.get('message')}", "upstream_error", code=err.get("code") or "upstream_error")
+    if data.get("status") not in ("completed", "incomplete"):  # cancelled, queued, in_progress: never finished
+        raise ProxyError(502, f"the upstream's response has status {data.get('status')!r}, not completed "
+                              "(a truncated answer)", "upstream_error", code="upstream_truncated")
     text, reasoning, calls = [], [], []
     for item in data["output"]:
         kind = item.get("type")
@@ -94,7 +97,8 @@ def from_response(data: dict) -> Result:
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     incomplete = (data.get("incomplete_details") or {}).get("reason")
-    finish = "length" if incomplete == "max_output_tokens" else "tool_calls" if calls else "stop"
+    finish = {"max_output_tokens": "length", "content_filter": "content_filter"}.get(incomplete) or (
+        "tool_calls" if calls else "stop")
     u = data.get("usage") or {}
     return Result(text=message["content"], finish_reason=finish, message=message,
                   usage=usage(int(u.get("input_tokens") or 0), int(u.get("output_tokens") or 0)))

@@ -15,9 +15,10 @@ from typing import Any
 import orjson
 
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
-from harnessrl.proxy.errors import UpstreamMalformed
+from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
 from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.upstream import Extract, checked, sse_events, upstream_error, weight_version_of
+from harnessrl.proxy.upstream import (Extract, body_error, checked, error_in, sse_events, truncated, upstream_error,
+                                      weight_version_of)
 
 log = logging.getLogger("harnessrl.proxy")
 
@@ -79,21 +80,28 @@ class UpstreamTokens:
             raise UpstreamMalformed(exc) from None
         if len(ids) != len(lps):
             raise UpstreamMalformed(f"{len(ids)} token ids but {len(lps)} log-probs")
+        if not finish:  # never "stop" by default: training would take a cut answer for a whole one
+            raise truncated("the upstream's completion has no finish_reason")
         if version:
             self.weight_version = version
         # an upstream that reports no version (vLLM's completions): the one the proxy pushed to it
         version = version or getattr(via, "version", None) or self.weight_version
-        return Completion(prompt_ids, ids, lps, self._text(ids), finish or "stop", version, tops)
+        return Completion(prompt_ids, ids, lps, self._text(ids), finish, version, tops)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         resp = await (params.via or self.pool).request("POST", "/v1/completions", await self._body(prompt_ids, params, False))
         if resp.status != 200:
             raise upstream_error(resp.status, resp.body)
         try:
-            ch = orjson.loads(resp.body)["choices"][0]
+            data = orjson.loads(resp.body)
+            if (err := error_in(data)) is not None:
+                raise err
+            ch = data["choices"][0]
             ids, lps = ch["token_ids"], ch["logprobs"]["token_logprobs"]
             finish, version = ch.get("finish_reason"), weight_version_of(ch.get("weight_versions"))
             tops = _tops(ch["logprobs"]) if params.top_logprobs else None
+        except ProxyError:
+            raise
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(f"{type(exc).__name__}: {exc}") from None
         return self._completion(prompt_ids, ids, lps, finish, version, tops, params.via)
@@ -106,8 +114,10 @@ class UpstreamTokens:
         lps: list[float] = []
         finish = version = None
         buf = bytearray()
+        events = 0
         async for data in chunks:
             for payload in sse_events(buf, data):
+                events += 1
                 if payload == b"[DONE]":
                     continue
                 for new_ids, new_lps, text, ch_finish, ch_version, new_tops in self._chunk(payload):
@@ -118,19 +128,28 @@ class UpstreamTokens:
                     lps += new_lps
                     finish = ch_finish or finish
                     version = ch_version or version
+        if not events:  # e.g. a JSON or HTML body where a stream was asked for
+            if (err := body_error(buf)) is not None:
+                raise err
+            raise UpstreamMalformed(f"the stream held no SSE event: {bytes(buf[:200])!r}")
         yield self._completion(prompt_ids, ids, lps, finish, version, via=params.via)
 
     def _chunk(self, payload: bytes) -> list[tuple]:
         """(token ids, log-probs, text, finish reason, weight version) of each choice of a chunk."""
         try:
+            chunk = orjson.loads(payload)
+            if (err := error_in(chunk)) is not None:  # vLLM's error event: the stream failed
+                raise err
             out = []
-            for ch in orjson.loads(payload).get("choices") or []:
+            for ch in chunk.get("choices") or []:
                 ex = checked(Extract(completion_ids=ch.get("token_ids") or [],
                                      logprobs=(ch.get("logprobs") or {}).get("token_logprobs") or []))
                 out.append((ex.completion_ids, ex.logprobs, (ch.get("text") or "").replace(self._eos_text, ""),
                             ch.get("finish_reason"), weight_version_of(ch.get("weight_versions")),
                             _tops(ch.get("logprobs") or {})))
             return out
+        except ProxyError:
+            raise
         except Exception as exc:  # noqa: BLE001 - whatever the shape, it is the upstream's error
             raise UpstreamMalformed(f"stream chunk {payload[:200]!r}: {exc}") from None
 

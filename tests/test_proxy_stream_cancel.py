@@ -89,10 +89,11 @@ def test_an_upstream_answer_without_choices_is_a_502_recorded_as_failed(upstream
         streamed = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "stream": True})
     for resp in (plain, streamed):
         assert resp.status_code == 502, resp.text
-        assert resp.json()["error"]["code"] == "upstream_malformed"
+        # an error object answered with status 200: the upstream's own words (issue 30)
+        assert resp.json()["error"]["code"] == "upstream_error" and "overloaded" in resp.json()["error"]["message"]
     rows = _rows(db)
     assert [(r.status, r.stream) for r in rows] == [("error", False), ("error", True)]
-    assert all(r.error.startswith("502 upstream_error: malformed upstream response") for r in rows)
+    assert all(r.error.startswith("502 upstream_error: the upstream sent an error: overloaded") for r in rows)
 
 
 def test_an_abandoned_upstream_stream_is_recorded_cancelled(upstream, tmp_path):
