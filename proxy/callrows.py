@@ -160,6 +160,21 @@ class RowWriter:
             cur.executemany(self._insert, rows)
         return outcomes
 
+    def present(self, cur, ids: list[str]) -> set[str]:
+        """Those of `ids` already in the calls table."""
+        cur.execute(f"SELECT id FROM {CALLS.name} WHERE id IN ({', '.join([self.mark] * len(ids))})", ids)
+        return {row[0] for row in cur.fetchall()}
+
+    def mark_failed(self, cur, recs: list) -> None:
+        """Rewrite committed calls as the failed calls they were answered as; each adds one to its
+        running rollout's `errors` unless it already was failed (so a second replay adds nothing)."""
+        m = self.mark
+        cur.executemany(f"UPDATE rollouts SET errors = errors + 1 WHERE status = 'running' AND id = "
+                        f"(SELECT rollout_id FROM {CALLS.name} WHERE id = {m} AND status <> 'error')",
+                        [(r.id,) for r in recs])
+        cur.executemany(f"UPDATE {CALLS.name} SET status = {m}, error = {m} WHERE id = {m}",
+                        [(r.status, escape_nul(r.error), r.id) for r in recs])
+
     def _present(self, cur, rid: str) -> bool:
         # a plain read waits for no row lock: it tells a locked row from a missing one
         cur.execute(self._exists, (rid,))

@@ -28,10 +28,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from harnessrl.proxy.callrows import BUSY, CALLS as _CALLS, CallRecord, RecordError, RolloutFinished, RowWriter
+from harnessrl.proxy.callrows import BUSY, CallRecord, RecordError, RolloutFinished, RowWriter
 from harnessrl.proxy.inline_commit import Checkpointer, InlineCommit, inline_capable, resolve
 from harnessrl.proxy.spill import DEFAULT_MAX_BYTES, Spill, default_dir
-from harnessrl.records import escape_nul
 
 __all__ = ["CallRecord", "DatabaseUnavailable", "RecordError", "Recorder", "RolloutBusy", "RolloutFinished"]
 log = logging.getLogger("harnessrl.proxy.recorder")
@@ -89,7 +88,6 @@ class Recorder:
         self._busy_s = busy_s
         self._metrics = metrics  # `metrics.RecorderMetrics`-like: commit latency, DB errors (or None)
         self._rows = RowWriter(engine.dialect.name, engine.dialect.paramstyle)
-        self._mark = self._rows.mark
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: list[tuple[tuple, float]] = []  # (queue item, when first BUSY): rollout row locked
         self._dbapi_error = engine.dialect.loaded_dbapi.Error
@@ -165,7 +163,11 @@ class Recorder:
                 if batch:
                     self._write_and_answer(batch, since, stop)
                 if not stop and self._spill.due():
-                    self._write_back()
+                    try:
+                        self._write_back()
+                    except Exception:  # noqa: BLE001 - the writer must outlive the journal; kept for later
+                        log.exception("recorder: unexpected error writing back the failed-call journal")
+                        self._spill.untake()
                 # after the batch: a batch handed over with the request is part of what it copies
                 if self._checkpoint_due and self._conn is not None:
                     self.checkpoints(self._conn)
@@ -348,42 +350,34 @@ class Recorder:
             self._spill.untake()
             return
         locked = [r for r, out in zip(todo, outcomes) if out is BUSY]
-        refused = [r for r, out in zip(todo, outcomes) if out is not None and out is not BUSY
-                   and not isinstance(out, RolloutFinished)]
-        for r in refused:  # e.g. its rollout was deleted meanwhile: it can never be written
-            log.error("recorder: journaled failed call %s cannot be written: %s", r.id, outcomes[todo.index(r)],
-                      extra={"call_id": r.id})
+        refused = 0
+        for r, out in zip(todo, outcomes):
+            if out is not None and out is not BUSY and not isinstance(out, RolloutFinished):
+                refused += 1  # e.g. its rollout was deleted meanwhile: it can never be written
+                log.error("recorder: journaled failed call %s cannot be written: %s", r.id, out,
+                          extra={"call_id": r.id})
         if refused and self._metrics is not None:
-            self._metrics.spill_refused_by_db(len(refused))
+            self._metrics.spill_refused_by_db(refused)
         self._spill.settle(len(recs) - len(locked), locked)
         log.warning("recorder: wrote %d failed calls from the journal (%d waiting)",
-                    len(recs) - len(locked) - len(refused), self._spill.rows)
+                    len(recs) - len(locked) - refused, self._spill.rows)
 
     def _mark_failed(self, conn, recs: list[CallRecord]) -> None:
-        try:
-            cur = conn.cursor()
-            m = self._mark
-            # the harness got a 503 for these: each counts as its rollout's error, once
-            cur.executemany(f"UPDATE rollouts SET errors = errors + 1 WHERE status = 'running' AND id = "
-                            f"(SELECT rollout_id FROM {_CALLS.name} WHERE id = {m} AND status <> 'error')",
-                            [(r.id,) for r in recs])
-            cur.executemany(f"UPDATE {_CALLS.name} SET status = {m}, error = {m} WHERE id = {m}",
-                            [(r.status, escape_nul(r.error), r.id) for r in recs])
-            cur.close()
-            conn.commit()
-        except Exception as exc:  # noqa: BLE001 - only a lost connection is expected here
-            raise _Lost from exc
+        # the harness got a 503 for these: each counts as its rollout's error, once
+        self._in_transaction(conn, lambda cur: self._rows.mark_failed(cur, recs))
 
     def _present(self, conn, recs: list[CallRecord]) -> set[str]:
         """Ids among `recs` already committed (a commit cut off in flight may have landed)."""
+        return self._in_transaction(conn, lambda cur: self._rows.present(cur, [r.id for r in recs]))
+
+    @staticmethod
+    def _in_transaction(conn, run):
         try:
             cur = conn.cursor()
-            cur.execute(f"SELECT id FROM {_CALLS.name} WHERE id IN ({', '.join([self._mark] * len(recs))})",
-                        [r.id for r in recs])
-            found = {row[0] for row in cur.fetchall()}
+            out = run(cur)
             cur.close()
             conn.commit()
-            return found
+            return out
         except Exception as exc:  # noqa: BLE001 - only a lost connection is expected here
             raise _Lost from exc
 

@@ -153,7 +153,13 @@ class Spill:
         while len(recs) < n and self._read_at < self._size:
             line = self._file.readline()
             self._read_at += len(line)
-            recs.append(_decode(line))
+            try:
+                recs.append(_decode(line))
+            except (ValueError, TypeError) as exc:  # the file was damaged on disk: this row is gone
+                log.error("recorder: an unreadable row in the journal %s (%s) is lost", self._path, exc)
+                self.rows -= 1
+                if self._metrics is not None:
+                    self._metrics.spill_dropped(1)
         return recs
 
     def untake(self) -> None:

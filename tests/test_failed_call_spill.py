@@ -279,3 +279,11 @@ def test_a_journal_left_by_a_dead_proxy_is_adopted_without_its_cut_last_line(tmp
     adopter.settle(2, [])
     assert adopter.rows == 0 and adopter.bytes == 0
     assert live.rows == 1 and (tmp_path / f"{live._name}.jsonl").exists()
+
+
+def test_the_journal_bound_must_be_positive():
+    from harnessrl.errors import UserError
+    from harnessrl.proxy.config import ProxyConfig
+
+    with pytest.raises(UserError, match="--spill-max-mb must be positive"):
+        ProxyConfig(upstream="http://127.0.0.1:1", spill_max_bytes=0).check()
