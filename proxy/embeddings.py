@@ -111,7 +111,8 @@ async def _embed(route: Any, body: dict, via: Any = None) -> dict:
                           param="dimensions", code="unsupported_parameter")
     inputs = inputs_of(body)
     tok = backend.tokenizer
-    batch = [tok.encode(x) if isinstance(x, str) else list(x) for x in inputs]
+    # up to the body limit of text: tokenized off the event loop, as prompts are
+    batch = await route.off_loop(lambda: [tok.encode(x) if isinstance(x, str) else list(x) for x in inputs])
     vectors = await backend.embed(batch)
     as_b64 = body.get("encoding_format") == "base64"
     data = [{"object": "embedding", "index": i,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenBackend, TokenDelta
 from harnessrl.proxy.constrained import Constrainer
@@ -22,6 +22,7 @@ from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
 
 
 PROMPT_THREADS = min(4, os.cpu_count() or 1)  # prompts rendered and tokenized at once
+T = TypeVar("T")
 
 
 def sampling(body: dict, default_max_tokens: int, top_logprobs: int = 0) -> SamplingParams:
@@ -58,7 +59,11 @@ class TokenRoute:
         # rendering and tokenizing a large body takes seconds (8 MB: ~9 s with a fast tokenizer),
         # all of it on the event loop before: every other call and /health waited (issue 30). The
         # tokenizers release the GIL while they encode, so the loop runs on meanwhile.
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._prompt, req, turn)
+        return await self.off_loop(self._prompt, req, turn)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the route's prompt threads (count_tokens and embeddings tokenize there too)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _prompt(self, req: Request, turn: Turn | None) -> Prompt:
         if not req.chat:

@@ -29,14 +29,14 @@ def _json(obj: Any) -> Response:
     return Response(orjson.dumps(obj), 200, media_type="application/json")
 
 
-def count_tokens(route: Any, chat: dict) -> int:
+async def count_tokens(route: Any, chat: dict) -> int:
     prompter = getattr(route, "prompter", None)
     if prompter is None:
         raise ProxyError(501, "count_tokens needs the model's tokenizer, and this proxy forwards to an upstream "
                               "that renders its own prompts (run it with --prefix --tokenizer DIR)",
                          "api_error", code="not_supported")
     try:
-        return len(prompter.render(chat["messages"], chat.get("tools")))
+        return len(await route.off_loop(prompter.render, chat["messages"], chat.get("tools")))
     except Exception as exc:  # noqa: BLE001 - e.g. a template that rejects the messages
         raise BackendRejected(f"cannot render the messages with the chat template: {exc}",
                               code="template_error") from None
@@ -58,7 +58,7 @@ def add_surface_routes(app: FastAPI, api_key: str | None, route: Callable[[], An
         try:
             check_auth(request.headers, api_key)
             chat = translate(parse_json(await request.body()))
-            return _json({"input_tokens": count_tokens(route(), chat)})
+            return _json({"input_tokens": await count_tokens(route(), chat)})
         except ProxyError as err:
             return anthropic_wire.error_response(err)
 

@@ -25,13 +25,14 @@ from harnessrl.proxy.server import ProxyConfig, run_proxy
 LIMIT = 2 * 1024 * 1024
 
 
-def _maximal_body() -> bytes:
+def _maximal_body(max_tokens: bool = False) -> bytes:
     words = "alpha beta gamma delta paris river engine answer "
-    head, tail = b'{"model": "m", "messages": [{"role": "user", "content": "', b'"}]}'
+    head = b'{"model": "m", ' + (b'"max_tokens": 5, ' if max_tokens else b"") + b'"messages": [{"role": "user", "content": "'
+    tail = b'"}]}'
     return head + (words * (LIMIT // len(words)))[: LIMIT - len(head) - len(tail)].encode() + tail
 
 
-def _probe_while(url: str, body: bytes) -> tuple[httpx.Response, list[float], float]:
+def _probe_while(url: str, body: bytes, path: str = "/v1/chat/completions") -> tuple[httpx.Response, list[float], float]:
     """The big call's answer, the latencies of the /health probes answered while it was in
     flight, and how long it took."""
     answer: list[httpx.Response] = []
@@ -39,7 +40,7 @@ def _probe_while(url: str, body: bytes) -> tuple[httpx.Response, list[float], fl
 
     def big() -> None:
         try:
-            answer.append(httpx.post(url + "/v1/chat/completions", content=body, timeout=600,
+            answer.append(httpx.post(url + path, content=body, timeout=600,
                                      headers={"content-type": "application/json"}))
         finally:
             done.set()
@@ -78,6 +79,21 @@ def test_health_answers_while_a_maximal_body_is_tokenized(mode, tiny_model_dir, 
         with run_proxy(cfg) as proxy:
             r, in_flight, took = _probe_while(proxy.url, body)
     assert r.status_code == 400 and "maximum context length is" in r.json()["error"]["message"]
+    _assert_live(mode, in_flight, took)
+
+
+def test_health_answers_while_count_tokens_renders_a_maximal_body(tokenizer_dir, tmp_path):
+    body = _maximal_body(max_tokens=True)
+    with raw_upstream() as up:
+        cfg = ProxyConfig(db=str(tmp_path / "runs.db"), upstream=up.url, port=0, prefix=True,
+                          tokenizer=str(tokenizer_dir), max_body_bytes=LIMIT)
+        with run_proxy(cfg) as proxy:
+            r, in_flight, took = _probe_while(proxy.url, body, "/v1/messages/count_tokens")
+    assert r.status_code == 200 and r.json()["input_tokens"] > LIMIT // 10
+    _assert_live("count_tokens", in_flight, took)
+
+
+def _assert_live(mode: str, in_flight: list[float], took: float) -> None:
     print(f"{mode}: {len(in_flight)} /health answers in flight over {took:.2f} s; median "
           f"{statistics.median(in_flight or [0]) * 1e3:.1f} ms, max {max(in_flight or [0]) * 1e3:.1f} ms")
     assert len(in_flight) >= 5, f"/health answered {len(in_flight)} times in {took:.1f} s of processing"
