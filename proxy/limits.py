@@ -70,7 +70,20 @@ class Guard:
         except ProxyError as err:
             await error_response(err)(scope, receive, send)
             return
-        await self.app(scope, _replay(body, receive), send)
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, _replay(body, receive), tracked)
+        except Exception:
+            # The app's handler has logged it and sent its 500, and Starlette re-raised it: the
+            # server would then drop the connection, and with it the client's next request on it
+            if not started:
+                raise
 
 
 def _replay(body: bytes, receive):

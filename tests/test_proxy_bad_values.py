@@ -136,3 +136,38 @@ def test_nul_in_a_response_id_is_not_found_on_every_database(http):
                             "previous_response_id": "resp_\x00"}))
         event = json.loads(ws.recv(timeout=30))
     assert event["type"] == "error" and event["status"] == 400, event
+
+
+def test_an_internal_error_keeps_the_connection_open(upstream, tmp_path):
+    """A route that fails unexpectedly is a 500 (logged), and the client's next request on that
+    keep-alive connection is still answered: the server used to drop the connection after it."""
+    import socket
+
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    def boom(_request):
+        raise RuntimeError("a bug in a route")
+
+    with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), upstream=upstream, port=0)) as proxy:
+        proxy.app.api.mount("/boom", Starlette(routes=[Route("/", boom)]))  # stands for any route's bug
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+            answers = []
+            for path in ("/boom/", "/v1/models"):
+                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                data = b""
+                while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                answers.append(data.split(b"\r\n", 1)[0])
+    assert answers == [b"HTTP/1.1 500 Internal Server Error", b"HTTP/1.1 200 OK"], answers
+
+
+def _length(response: bytes) -> int:
+    head = response.split(b"\r\n\r\n", 1)[0].lower()
+    for line in head.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0

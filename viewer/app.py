@@ -131,13 +131,14 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
             tok = find_tokenizer(engine, tokenizer) or loop_model()
             if tok:
                 found["dir"] = tok
-        view = rollout_view(engine, rollout_id, found.get("dir"), compiled)
+        # no id holds U+0000 (PostgreSQL cannot even compare text holding it)
+        view = rollout_view(engine, rollout_id, found.get("dir"), compiled) if "\x00" not in rollout_id else None
         if view is None:
             raise NotFound(f"no rollout {rollout_id!r} in the records DB")
         return view
 
     def group_data(group: str) -> dict[str, Any]:
-        rows = group_rollouts(engine, group)
+        rows = group_rollouts(engine, group) if "\x00" not in group else []
         if not rows:
             raise NotFound(f"no rollouts in group {group!r}")
         advantages = compiled.advantages_of([r["id"] for r in rows]) if compiled else {}

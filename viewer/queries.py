@@ -73,6 +73,8 @@ class ListQuery:
             raise UserError(f"unknown query parameter {unknown[0]!r} (known: {', '.join(sorted(known))})")
         values: dict[str, Any] = {k: params[k].strip() for k in ("run", "task", "group", "status", "errors")
                                   if k in params}
+        if any("\x00" in v for v in values.values()):  # no label holds it (PostgreSQL cannot even compare it)
+            raise UserError("a filter may not hold U+0000")
         for k in ("reward_min", "reward_max"):
             if params.get(k, "").strip():
                 try:
