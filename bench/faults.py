@@ -1,13 +1,18 @@
-"""The fault campaign of issue 12 in one command: bad-input fuzz, SIGKILL of the proxy under load
-(SQLite and PostgreSQL), PostgreSQL connections terminated under load, upstream faults, abandoned
+"""The fault campaign of issues 12 and 30 in one command: bad-input fuzz, SIGKILL of the proxy under
+load (SQLite and PostgreSQL), PostgreSQL connections terminated under load, a long PostgreSQL
+outage (bench/fault_db_outage.py), upstream faults — errors, and answers that end as if complete
+but are not (an error event mid-stream, a body that is not SSE, no finish reason, a cut event) in
+pass-through and `--prefix` mode, on the chat, completions and Anthropic surfaces —, abandoned
 streams, and a full disk (a small tmpfs; skipped with the reason when it cannot be mounted).
 
     python bench/faults.py [--pg postgresql+psycopg://postgres@127.0.0.1:5432/test] [--fuzz 2000]
 
-Prints per probe: tried, handled well, lost (and hangs). "Handled well": a 2xx, or an
-OpenAI-shaped error that is a 4xx for a client's mistake and leaves a failed-call record for a
-call that reached the model side. "Lost": an acknowledged call missing from the records, a 5xx
-for a client's mistake, or a failed call with no record. The stand-in, every proxy and the load
+Prints per probe: tried, handled well, lost, hangs, upstream errors recorded ok, failed calls
+dropped. "Handled well": a 2xx, or an error in the surface's shape (an error event in a stream that
+had started) that is a 4xx for a client's mistake and leaves a failed-call record for a call that
+reached the model side. "Lost": an acknowledged call missing from the records, a 5xx for a
+client's mistake, or a failed call with no record. "Recorded ok": an upstream fault recorded as
+a finished call (training would take it for a whole answer). The stand-in, every proxy and the load
 generator are separate processes on this machine; a few minutes in all.
 """
 
@@ -25,62 +30,16 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_common import HANG_S, MSGS, Probe, openai_error, proxy, stored  # noqa: E402
+from fault_upstream import incomplete_answers, upstream_faults  # noqa: E402
 from procs import free_port, standin_cmd, stop, wait_ready  # noqa: E402
 
-MSGS = [{"role": "user", "content": "What is the capital of the river country?"}]
-HANG_S = 30.0  # a call not answered in this long counts as a hang
 
-
-@dataclass
-class Probe:
-    name: str
-    tried: int = 0
-    well: int = 0
-    lost: int = 0
-    hangs: int = 0
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-def _proxy(upstream: str, db: str, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "harnessrl", "proxy", "--upstream", upstream, "--db", db,
-                             "--port", str(port), "--no-ui", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url, proc)
-    return proc, url
-
-
-def _stored(db: str) -> dict[str, str]:
-    """call id -> status of every recorded call."""
-    from sqlalchemy import select
-
-    from harnessrl.db import open_db
-    from harnessrl.records import Call
-
-    engine, Session = open_db(db)
-    with Session() as s:
-        out = dict(s.execute(select(Call.id, Call.status)).all())
-    engine.dispose()
-    return out
-
-
-def _openai_error(r: httpx.Response) -> bool:
-    try:
-        err = r.json()["error"]
-    except Exception:  # noqa: BLE001 - not JSON, not an object, no "error"
-        return False
-    return isinstance(err, dict) and set(err) == {"message", "type", "param", "code"}
-
-
-# ---- probes -------------------------------------------------------------------------------
 def _mutate(rng: random.Random, body: dict) -> dict:
     odd = [None, True, 0, -1, 2 ** 31, 2.5, "", "a\x00b", [], {}, [1, "x"], {"type": 5}, "[" * 300 + "]" * 300]
     for _ in range(rng.choice([0, 1, 2, 3])):
@@ -107,7 +66,7 @@ def _mutate(rng: random.Random, body: dict) -> dict:
 def fuzz(upstream: str, tmp: Path, n: int) -> Probe:
     p = Probe("bad-input fuzz (chat, sessions with an earlier turn)")
     rng = random.Random(0)
-    proc, url = _proxy(upstream, str(tmp / "fuzz.db"), "--prefix", "--tokenizer", str(tmp / "tok"))
+    proc, url = proxy(upstream, str(tmp / "fuzz.db"), "--prefix", "--tokenizer", str(tmp / "tok"))
     try:
         with httpx.Client(base_url=url, timeout=HANG_S) as http:
             first = http.post("/v1/chat/completions", json={"model": "m", "messages": MSGS, "max_tokens": 4},
@@ -125,7 +84,7 @@ def fuzz(upstream: str, tmp: Path, n: int) -> Probe:
                 except httpx.TimeoutException:
                     p.hangs += 1
                     continue
-                ok = r.status_code == 200 or (400 <= r.status_code < 500 and _openai_error(r))
+                ok = r.status_code == 200 or (400 <= r.status_code < 500 and openai_error(r))
                 p.well += ok
                 p.lost += r.status_code >= 500
     finally:
@@ -165,7 +124,7 @@ async def _load(url: str, clients: int, finished, answered: list, outcomes: dict
 def sigkill(upstream: str, db: str, label: str, kills: int = 2) -> Probe:
     p = Probe(f"SIGKILL under load, 32 clients ({label})")
     for _ in range(kills):
-        proc, url = _proxy(upstream, db)
+        proc, url = proxy(upstream, db)
         answered: list[str] = []
         outcomes: dict = {}
 
@@ -179,7 +138,7 @@ def sigkill(upstream: str, db: str, label: str, kills: int = 2) -> Probe:
 
         asyncio.run(run())
         proc.wait(timeout=10)
-        stored = _stored(db)
+        stored = stored(db)
         p.tried += len(answered)
         p.well += sum(a in stored for a in answered)
         p.lost += sum(a not in stored for a in answered)
@@ -194,7 +153,7 @@ def pg_terminate(upstream: str, pg_db: str) -> Probe:
     p = Probe("PostgreSQL backends terminated under load, 16 clients")
     app_name = f"faults_{uuid.uuid4().hex[:10]}"  # only this proxy's connections are terminated
     db = f"{pg_db}&application_name={app_name}"
-    proc, url = _proxy(upstream, db)
+    proc, url = proxy(upstream, db)
     answered: list[str] = []
     outcomes: dict = {}
     kills = [0]
@@ -214,7 +173,7 @@ def pg_terminate(upstream: str, pg_db: str) -> Probe:
         asyncio.run(run())
     finally:
         stop(proc)
-    stored = _stored(db)
+    stored = stored(db)
     calls = sum(v for k, v in outcomes.items() if k not in ("slow", "cut", "hang"))
     p.tried = calls + outcomes.get("hang", 0)
     missing = sum(a not in stored for a in answered)
@@ -226,45 +185,24 @@ def pg_terminate(upstream: str, pg_db: str) -> Probe:
     return p
 
 
-def upstream_faults(upstream: str, tmp: Path) -> Probe:
-    p = Probe("upstream faults (500, bad ids/usage/chunk, dead upstream)")
-    # the stand-in's fault hooks (tests/vllm_standin.py): what each breaks, streamed or not
-    cases = [(upstream, "fail-500", False), (upstream, "fail-500", True), (upstream, "bad-ids", False),
-             (upstream, "bad-usage", False), (upstream, "bad-chunk", True)]
-    dead = f"http://127.0.0.1:{free_port()}"
-    cases += [(dead, "m", False), (dead, "m", True)]
-    for target in (upstream, dead):
-        db = str(tmp / f"up-{free_port()}.db")
-        proc, url = _proxy(target, db)
-        ids = []
-        try:
-            for _ in range(10):
-                for t, model, stream in cases:
-                    if t != target:
-                        continue
-                    p.tried += 1
-                    try:
-                        r = httpx.post(url + "/v1/chat/completions", timeout=HANG_S,
-                                       json={"model": model, "messages": MSGS, "stream": stream})
-                    except httpx.TimeoutException:
-                        p.hangs += 1
-                        continue
-                    shaped = _openai_error(r) if r.status_code != 200 else b'"error"' in r.content
-                    ids.append((r.headers.get("x-harnessrl-call"), shaped))
-        finally:
-            stop(proc)
-        stored = _stored(db)
-        for call_id, shaped in ids:
-            recorded = stored.get(call_id) == "error"
-            p.well += recorded and shaped
-            p.lost += not recorded
+def db_outage(upstream: str, pg_db: str, tmp: Path) -> Probe:
+    from fault_db_outage import db_outage as run
+
+    r = run(upstream, pg_db, tmp / "spill")
+    p = Probe("PostgreSQL away 15 s under load, 24 clients", tried=r["made"], lost=r["lost"], hangs=r["hangs"],
+              dropped=r["dropped"])
+    # acknowledged and stored, or refused with the DB's 503 and written back from the journal
+    p.well = r["acknowledged"] - r["lost"] + r["written"]
+    p.lost += r["5xx"]
+    p.note = (f"{r['acknowledged']} acknowledged, {r['failed']} failed ({r['written']} written back), "
+              f"{r['refused']} refused at a full journal, journal drained in {r['drain_s']:.1f} s")
     return p
 
 
 def abandoned_streams(upstream: str, tmp: Path, n: int = 20) -> Probe:
     p = Probe("abandoned streams (first chunk read, then hung up)")
     db = str(tmp / "abandon.db")
-    proc, url = _proxy(upstream, db)
+    proc, url = proxy(upstream, db)
     ids = []
     try:
         for _ in range(n):
@@ -277,7 +215,7 @@ def abandoned_streams(upstream: str, tmp: Path, n: int = 20) -> Probe:
         time.sleep(2)
     finally:
         stop(proc)
-    stored = _stored(db)
+    stored = stored(db)
     p.well = sum(i in stored for i in ids)
     p.lost = p.tried - p.well
     statuses: dict[str, int] = {}
@@ -297,7 +235,7 @@ def disk_full(upstream: str, tmp: Path) -> Probe:
         return p
     try:
         db = str(mnt / "runs.db")
-        proc, url = _proxy(upstream, db)
+        proc, url = proxy(upstream, db)
         answered: list[str] = []
         outcomes: dict = {}
         try:
@@ -314,7 +252,7 @@ def disk_full(upstream: str, tmp: Path) -> Probe:
         finally:
             stop(proc)
         os.remove(mnt / "filler")
-        stored = _stored(db)
+        stored = stored(db)
         calls = sum(v for k, v in outcomes.items() if k not in ("slow", "cut", "hang"))
         p.tried = calls + outcomes.get("hang", 0)
         p.lost = sum(a not in stored for a in answered)
@@ -366,17 +304,23 @@ def main() -> None:
         if pg is not None:
             probes.append(sigkill(upstream, pg[0], "PostgreSQL"))
             probes.append(pg_terminate(upstream, _pg_schema(args.pg)[0]))
+            probes.append(db_outage(upstream, _pg_schema(args.pg)[0], tmp))
         probes.append(upstream_faults(upstream, tmp))
+        probes.append(incomplete_answers(upstream, tmp, "pass-through"))
+        probes.append(incomplete_answers(upstream, tmp, "--prefix"))
         probes.append(abandoned_streams(upstream, tmp))
         probes.append(disk_full(upstream, tmp))
     finally:
         standin.kill()
-    table = Table(title="fault campaign (issue 12)")
-    for col in ("probe", "tried", "handled well", "lost", "hangs", "note"):
-        table.add_column(col, justify="right" if col in ("tried", "handled well", "lost", "hangs") else "left")
+    table = Table(title="fault campaign (issues 12 and 30)")
+    counts = ("tried", "handled well", "lost", "hangs", "recorded ok", "dropped")
+    for col in ("probe", *counts, "note"):
+        table.add_column(col, justify="right" if col in counts else "left")
     for p in probes:
-        table.add_row(p.name, str(p.tried), str(p.well), str(p.lost), str(p.hangs), p.note)
-    Console().print(table)
+        table.add_row(p.name, str(p.tried), str(p.well), str(p.lost), str(p.hangs),
+                      "-" if p.recorded_ok is None else str(p.recorded_ok), "-" if p.dropped is None else str(p.dropped),
+                      p.note)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":
