@@ -86,13 +86,27 @@ class TextOnlyRoute:
             raise self.dialect.error(resp.status, b"".join([c async for c in chunks]))
         asm = self.dialect.assembler()
         buf = bytearray()
+        events = 0
         async for data in chunks:
-            batch = [d for payload in sse_events(buf, data) if (d := asm.feed(payload)) is not None]
+            payloads = sse_events(buf, data)
+            events += len(payloads)
+            batch = [d for payload in payloads if (d := asm.feed(payload)) is not None]
             if batch:
                 yield batch
+        if not events and buf.strip():  # not SSE: the dialect's error answered with status 200, or junk
+            raise self._not_sse(bytes(buf))
         result = asm.finish()
         tail = [Delta(finish_reason=result.finish_reason, terminal=True)]
         if req.include_usage:
             tail.append(Delta(usage=result.usage, terminal=True))
         yield tail
         yield result
+
+    def _not_sse(self, body: bytes) -> ProxyError:
+        try:
+            said = isinstance(orjson.loads(body).get("error"), dict)
+        except Exception:  # noqa: BLE001 - not a JSON object
+            said = False
+        if said:  # the dialect's own error body: its words
+            return self.dialect.error(502, body)
+        return UpstreamMalformed(f"the stream held no SSE event: {body[:200]!r}")

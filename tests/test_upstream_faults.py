@@ -177,21 +177,27 @@ def _responses_events(status: str) -> bytes:
             {"type": f"response.{status}", "response": final}) + b"\n\n")
 
 
+ANTHROPIC_OVERLOADED = b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}'
+
+
 @pytest.mark.parametrize("dialect, body, whole", [
+    ("anthropic", ANTHROPIC_OVERLOADED, None),  # its error as a 200 JSON body, where a stream was asked for
     ("anthropic", _anthropic_events(None, tail=False), None),  # cut before message_delta; a JSON null
     ("anthropic", _anthropic_events(None), {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude",
                                             "content": [{"type": "text", "text": "The ans"}], "stop_reason": None}),
     ("openai-responses", _responses_events("cancelled"), {"id": "resp_1", "object": "response", "status": "in_progress",
                                                           "output": []}),
-], ids=["anthropic-cut", "anthropic-no-stop-reason", "responses-not-completed"])
+], ids=["anthropic-error-as-200", "anthropic-cut", "anthropic-no-stop-reason", "responses-not-completed"])
 def test_upstream_dialect_answers_that_never_completed_are_failed_calls(tmp_path, dialect, body, whole):
     db = str(tmp_path / "runs.db")
     with raw_upstream() as up, run_proxy(ProxyConfig(db=db, upstream=up.url, port=0, upstream_dialect=dialect,
                                                      upstream_api_key="k")) as proxy:
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
         up.reply = http_response(body)
-        with pytest.raises(openai.APIError):
+        with pytest.raises(openai.APIError) as streamed:
             list(client.chat.completions.create(model="m", stream=True, messages=[{"role": "user", "content": "hi"}]))
+        if body is ANTHROPIC_OVERLOADED:
+            assert "Overloaded" in str(streamed.value)
         up.reply = http_response(orjson.dumps(whole), "application/json")
         with pytest.raises(openai.APIStatusError) as err:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
