@@ -19,6 +19,7 @@ import orjson
 from starlette.responses import Response
 
 from harnessrl.proxy.errors import UpstreamMalformed, as_proxy_error, bad_request, error_response
+from harnessrl.proxy.validate import MODEL_MAX, valid_model
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.serving import Adapter, Serving
@@ -56,8 +57,9 @@ def inputs_of(body: dict) -> list[str] | list[list[int]]:
 
 def embeddings_request(body: dict) -> Request:
     inputs_of(body)
-    if body.get("model") is not None and not isinstance(body["model"], str):
-        raise bad_request("'model' must be a string", param="model", code="invalid_type")
+    if body.get("model") is not None and not valid_model(body["model"]):
+        raise bad_request(f"'model' must be a string of at most {MODEL_MAX} characters without control characters",
+                          param="model", code="invalid_type")
     if body.get("encoding_format", "float") not in ("float", "base64"):
         raise bad_request("'encoding_format' must be 'float' or 'base64'", param="encoding_format",
                           code="invalid_value")

@@ -60,7 +60,7 @@ def _opt(obj: dict, name: str, ok, what: str, at: str = "") -> None:
         raise _bad(f"{at}{name}", what)
 
 
-def _model(v: Any) -> bool:
+def valid_model(v: Any) -> bool:
     # stored in a 256-character column; a control character (a NUL) no database takes as text
     return isinstance(v, str) and len(v) <= MODEL_MAX and not any(ord(c) < 32 for c in v)
 
@@ -76,7 +76,7 @@ def _logit_bias(v: Any) -> bool:
 
 # (parameter, check, what it must be): built once, not per request
 _COMMON = (
-    ("model", _model, f"a string of at most {MODEL_MAX} characters without control characters"),
+    ("model", valid_model, f"a string of at most {MODEL_MAX} characters without control characters"),
     ("stream", lambda v: isinstance(v, bool), "a boolean"),
     ("max_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("max_completion_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),

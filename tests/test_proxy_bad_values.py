@@ -127,6 +127,12 @@ def test_nul_in_a_response_id_is_not_found_on_every_database(http):
         err = _error(http.post("/v1/responses", json={"model": "m", "input": "hi", "previous_response_id": prev}),
                      400)
         assert err["param"] == "previous_response_id", err
+    # other strings a client sends that become text columns: a model name on every surface
+    for path, body in (("/v1/chat/completions", {"messages": MSGS}), ("/v1/completions", {"prompt": "a"}),
+                       ("/v1/messages", {"messages": MSGS, "max_tokens": 2}), ("/v1/responses", {"input": "hi"}),
+                       ("/v1/embeddings", {"input": "hi"})):
+        r = http.post(path, json={**body, "model": "m\x00"})
+        assert r.status_code == 400, (path, r.text)
     # the same over the Responses WebSocket's warm-up, which reads the records without a model call
     from websockets.sync.client import connect
 
