@@ -116,9 +116,10 @@ def tasks_import(
     from rich.console import Console
 
     from harnessrl.compiler.tasks import import_tasks
+    from harnessrl.db import shown_db
 
     n_tasks, n_traces = import_tasks(db, file)
-    Console().print(f"imported {n_tasks} tasks ({n_traces} with expert traces) into {db}")
+    Console().print(f"imported {n_tasks} tasks ({n_traces} with expert traces) into {shown_db(db)}")
 
 
 def traces_from_rollouts(
@@ -135,6 +136,7 @@ def traces_from_rollouts(
     from rich.console import Console
 
     from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
+    from harnessrl.db import shown_db
     from harnessrl.errors import UserError
 
     if (out is None) == (not into_db):
@@ -144,7 +146,7 @@ def traces_from_rollouts(
         write_jsonl(traces, out)
         Console().print(f"{stats.line()}; written to {out}")
     else:
-        Console().print(f"{stats.line()}; {write_db(db, traces)} added to {db}")
+        Console().print(f"{stats.line()}; {write_db(db, traces)} added to {shown_db(db)}")
 
 
 def register(app: typer.Typer) -> None:
