@@ -6,7 +6,9 @@ failed call (the failed-call journal, `proxy/spill.py`); every acknowledged call
 
 The outage is a TCP relay between the proxy and PostgreSQL that cuts every connection and
 refuses new ones (a server stop or failover as the proxy sees it), so the shared server keeps
-running for everyone else. `db_outage(...)` returns one result row for `bench/faults.py`.
+running for everyone else. Then the row lock: the rollout row the calls record into held by
+another session past twice the lock timeout. `db_outage(...)` and `row_locked(...)` each return
+one result row for `bench/faults.py`.
 """
 
 from __future__ import annotations
@@ -170,6 +172,52 @@ def db_outage(upstream: str, pg_db: str, spill_dir: Path, outage_s: float = 15.0
             "hangs": sum(o == "hang" for _, o in calls), "drain_s": round(drain_s, 1)}
 
 
+def row_locked(upstream: str, pg_db: str, spill_dir: Path, hold_s: float = 5.0, lock_timeout_s: float = 1.0,
+               clients: int = 8) -> dict:
+    """The rollout row every call of this load records into (the unassigned rollout) held locked
+    by another session for `hold_s` (past twice `--db-lock-timeout`) while `clients` call; the
+    same counts as `db_outage` once the lock is gone and the journal drained."""
+    import psycopg
+    from sqlalchemy import select
+
+    from harnessrl.db import open_db
+    from harnessrl.records import UNASSIGNED_ROLLOUT, Call
+
+    port = free_port()
+    proc = subprocess.Popen(proxy_cmd("--upstream", upstream, "--db", pg_db, "--port", str(port), "--no-ui",
+                                      "--spill-dir", str(spill_dir), "--db-lock-timeout", str(lock_timeout_s)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    calls: list = []
+    schema = pg_db.split("search_path%3D", 1)[1]
+    try:
+        wait_ready(url, proc)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=HANG_S)  # the rollout row exists
+        with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test") as c:
+            c.execute(f"SELECT id FROM {schema}.rollouts WHERE id = %s FOR UPDATE", (UNASSIGNED_ROLLOUT,))
+            t_end = time.monotonic() + hold_s
+            asyncio.run(_load(url, clients, lambda: time.monotonic() > t_end, calls))
+        t_drain = time.monotonic()
+        while _metric(url, "harnessrl_spill_rows") > 0 and time.monotonic() - t_drain < 120:
+            time.sleep(0.2)
+        drain_s = time.monotonic() - t_drain
+        refused = _metric(url, "harnessrl_spill_refused_calls_total")
+    finally:
+        stop(proc)
+    engine, Session = open_db(pg_db)
+    with Session() as s:
+        stored = dict(s.execute(select(Call.id, Call.status)).all())
+    engine.dispose()
+    acked = [c for c, o in calls if o == "ok"]
+    failed = [c for c, o in calls if o not in ("ok", "hang")]
+    return {"made": len(calls), "acknowledged": len(acked), "failed": len(failed),
+            "written": sum(stored.get(c) == "error" for c in failed), "lost": sum(c not in stored for c in acked),
+            "dropped": sum(c not in stored for c in failed) - int(refused), "refused": int(refused),
+            "5xx": sum(o.startswith("5") and o != "503" for _, o in calls),
+            "hangs": sum(o == "hang" for _, o in calls), "drain_s": round(drain_s, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -191,14 +239,17 @@ def main() -> None:
     standin = subprocess.Popen(standin_cmd(tmp / "tok", port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(f"http://127.0.0.1:{port}", standin, "/v1/models")
-        row = db_outage(f"http://127.0.0.1:{port}", f"{args.pg}?options=-csearch_path%3D{schema}", tmp / "spill",
-                        args.outage, args.clients, args.spill_max_mb)
+        up, db = f"http://127.0.0.1:{port}", f"{args.pg}?options=-csearch_path%3D{schema}"
+        row = db_outage(up, db, tmp / "spill", args.outage, args.clients, args.spill_max_mb)
+        locked = row_locked(up, db, tmp / "spill")
     finally:
         standin.kill()
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute(f"DROP SCHEMA {schema} CASCADE")
     print(f"PostgreSQL away {args.outage:g} s under {args.clients} clients:")
     print("  " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    print("its rollout row locked 5 s (--db-lock-timeout 1) under 8 clients:")
+    print("  " + "  ".join(f"{k} {v}" for k, v in locked.items()))
 
 
 if __name__ == "__main__":
