@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_fixtures import make_rows, one_step, write_samples
+from trainer_fixtures import make_rows, make_trainer, one_step, write_samples
 
 from harnessrl.trainer.data import aggregate, collate
+from harnessrl.trainer.grpo import HarnessTrainer
+from harnessrl.trainer.losses import clipped_tokens
 from harnessrl.trainer.normalise import row_weights, token_weights, weighted_sum
 
 MODES = ("token_mean", "seq_mean", "rollout_mean")
@@ -102,29 +104,71 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_gloo_same_loss_and_gradient(samples, tiny_model_dir, tmp_path):
+# a KL term and the clip against the recorded log-probs (−2 a token), so that KL and clip ratio are logged
+DIAGNOSED = dict(beta=0.01, ratio_to="behaviour")
+DIAGNOSTICS = ("entropy", "clip_ratio", "kl")
+
+
+def test_diagnostics_do_not_depend_on_the_split(samples, tiny_model_dir, tmp_path):
+    logs = {}
+    for g in (1, 3):
+        _, _, tr = one_step(tiny_model_dir, samples, tmp_path / f"g{g}", grad_accum=g, loss_agg="token_mean", **DIAGNOSED)
+        logs[g] = tr.state.log_history[0]
+    groups = tr.plan.micro_batches(0, 0)
+    assert len(groups) == 3
+    # The definition: token means over the whole step at its start (the untrained weights; the
+    # reference is the same model, so KL = 0), clip ratio = clipped tokens ÷ trainable tokens.
+    ref = make_trainer(HarnessTrainer, tiny_model_dir, samples, steps=1, loss_agg="token_mean", **DIAGNOSED)
+    batch = ref.fixed_batch()
+    with torch.no_grad():
+        logps, entropy = ref.policy_logps(ref.model, batch)
+    m = batch["loss_mask"]
+    want = {"entropy": float((entropy * m).sum() / m.sum()), "kl": 0.0,
+            "clip_ratio": float(clipped_tokens(logps, batch["behaviour_logps"], batch["advantages"], m, 0.2, 0.2) / m.sum())}
+    assert 0.0 < want["clip_ratio"] < 1.0
+    for name in DIAGNOSTICS:
+        assert logs[1][name] == pytest.approx(want[name], abs=1e-5), name
+        assert logs[3][name] == pytest.approx(want[name], abs=1e-5), name
+    # What the mean of per-micro-batch means logged instead differs from the step's value by far more
+    # than the tolerance above for this split (entropy by ~3e-4, clip ratio by ~3e-3).
+    entropies = [float((entropy[g] * m[g]).sum() / m[g].sum()) for g in groups]
+    clipped = [float(clipped_tokens(logps[g], batch["behaviour_logps"][g], batch["advantages"][g], m[g], 0.2, 0.2) / m[g].sum())
+               for g in groups]
+    assert abs(sum(entropies) / 3 - want["entropy"]) > 1e-4 and abs(sum(clipped) / 3 - want["clip_ratio"]) > 1e-3
+
+
+def test_two_processes_gloo_same_loss_gradient_and_diagnostics(samples, tiny_model_dir, tmp_path):
     # 2 processes × 2 micro-batches of 2 samples against 1 process × 1 micro-batch of 8, with
-    # rollout_mean: the per-rollout token counts are gathered from both processes.
-    loss_agg = "rollout_mean"
-    loss1, g1, _ = one_step(tiny_model_dir, samples, tmp_path, loss_agg=loss_agg)
+    # rollout_mean (matpo's default) and prompt_mean (pact's): the per-rollout and per-prompt token
+    # counts are gathered from both processes; the diagnostics' sums too.
+    modes = ("rollout_mean", "prompt_mean")
     out = tmp_path / "ddp.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), __file__, str(tiny_model_dir), str(samples), str(out), loss_agg]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+           "--master-port", str(_free_port()), __file__, str(tiny_model_dir), str(samples), str(out), ",".join(modes)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = torch.load(out)
     assert got["processes"] == 2
-    assert got["loss"] == pytest.approx(loss1, abs=1e-6)
-    for name, v in got["grads"].items():
-        assert torch.allclose(v, g1[name], atol=1e-7, rtol=1e-4), (name, float((v - g1[name]).abs().max()))
+    for loss_agg in modes:
+        loss1, g1, tr = one_step(tiny_model_dir, samples, tmp_path / loss_agg, loss_agg=loss_agg, **DIAGNOSED)
+        two = got[loss_agg]
+        assert two["loss"] == pytest.approx(loss1, abs=1e-6), loss_agg
+        for name, v in two["grads"].items():
+            assert torch.allclose(v, g1[name], atol=1e-7, rtol=1e-4), (loss_agg, name, float((v - g1[name]).abs().max()))
+        for name in DIAGNOSTICS:
+            assert two["logs"][name] == pytest.approx(tr.state.log_history[0][name], abs=1e-5), (loss_agg, name)
 
 
-if __name__ == "__main__":  # worker of test_two_processes_gloo_same_loss_and_gradient
-    model_dir, samples_dir, out_file, agg = sys.argv[1:5]
-    loss, grads, _ = one_step(Path(model_dir), Path(samples_dir), Path(out_file).parent / f"rank{os.environ['RANK']}", loss_agg=agg, grad_accum=2)
+if __name__ == "__main__":  # worker of test_two_processes_gloo_same_loss_gradient_and_diagnostics
+    model_dir, samples_dir, out_file, aggs = sys.argv[1:5]
+    results = {"processes": int(os.environ["WORLD_SIZE"])}
+    for agg in aggs.split(","):
+        out = Path(out_file).parent / agg / f"rank{os.environ['RANK']}"
+        loss, grads, tr = one_step(Path(model_dir), Path(samples_dir), out, loss_agg=agg, grad_accum=2, **DIAGNOSED)
+        results[agg] = {"loss": loss, "grads": grads, "logs": tr.state.log_history[0]}
     if os.environ["RANK"] == "0":
-        torch.save({"loss": loss, "grads": grads, "processes": int(os.environ["WORLD_SIZE"])}, out_file)
+        torch.save(results, out_file)
     # gloo's threads must be stopped before the interpreter exits, or a rank can abort ("terminate
     # called without an active exception") after its work is done
     torch.distributed.destroy_process_group()

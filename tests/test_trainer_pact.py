@@ -71,7 +71,9 @@ def test_pact_objective_composition(samples, tiny_model_dir):
     lens = (torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)).sum(1).tolist()
     for s, g, n in zip(plain, batch["gate"].tolist(), lens):
         assert (n == len(s.input_ids)) == (g == 1.0)
-    assert math.isfinite(float(terms["sft"])) and float(terms["sft"]) > 0
+    sft_sum, sequences = terms["sft"]  # the logged mean L_SFT: Σ over the step's sequences ÷ their count
+    assert int(sequences) == 4 - sum(z.values()) and float(sft_sum) == pytest.approx(float(sft.sum()), rel=1e-6)
+    assert math.isfinite(float(sft_sum)) and float(sft_sum) > 0
 
 
 def test_pact_trains_and_logs_three_terms(samples, tiny_model_dir):
@@ -82,8 +84,11 @@ def test_pact_trains_and_logs_three_terms(samples, tiny_model_dir):
     before = own_loss(tr, batch, old)
     tr.train()
     assert tr.state.global_step == 2 and own_loss(tr, batch, old) < before - 1e-4
-    logs = tr.state.log_history[0]
-    assert {"loss/rl_anchor", "loss/rl_trace", "loss/sft", "pact/lambda_a", "pact/level", "kl"} <= set(logs)
+    # Step 0 has only trace prompts (draw 0 gates t0..t3 to 0), step 1 anchors t0 and t2: a term with
+    # no token in a step is not logged for it (no 0 that reads as a loss value).
+    first, second = tr.state.log_history[:2]
+    assert {"loss/rl_trace", "loss/sft", "pact/lambda_a", "pact/level", "kl"} <= set(first) and "loss/rl_anchor" not in first
+    assert {"loss/rl_anchor", "loss/rl_trace", "loss/sft"} <= set(second) and second["pact/anchor_fraction"] == 0.5
 
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",

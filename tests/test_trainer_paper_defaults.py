@@ -145,3 +145,19 @@ def test_pact_level_limits_the_privileged_context(pact_samples, tiny_model_dir):
     limited, full = block_text(), block_text(pact_level_limits_context=False)
     assert "Reasoning: The question asks for a capital." in limited and "lookup tool" not in limited
     assert "The question asks for a capital.\n\nI will look it up with the lookup tool." in full
+
+
+def test_pact_schedules_anneal_over_the_whole_training(pact_samples, tiny_model_dir, tmp_path):
+    # A run that starts at step 3 of a 10-step training, at its own step 1: s = 4, S = 10 →
+    # λ_a = 0.8 − 0.6·min(4/10, 1) = 0.56 and level = 4 − min(4, ⌊5·4/10⌋) = 2 (its own s = 1, S = 2
+    # would give λ_a 0.5, level 2; s = 1 of S = 10: 0.74, level 4).
+    tr = make_trainer(PactTrainer, tiny_model_dir, pact_samples, algo="pact", batch_size=4,
+                      pact_schedule_start=3, pact_schedule_steps=10)
+    tr.state.global_step = 1
+    lam, level = tr.schedule()
+    assert lam == pytest.approx(0.56) and level == 2
+    # `loop` places round r of R rounds of n steps at r·n of R·n: round 1 of 3 with 2 steps each
+    from harnessrl.app.loop import LoopConfig, _train_config
+
+    cfg = _train_config(LoopConfig(harness="toolbox", algo="pact", rounds=3, steps=2), tmp_path, str(tiny_model_dir), tmp_path, 1, None)
+    assert (cfg.pact_schedule_start, cfg.pact_schedule_steps) == (2, 6)

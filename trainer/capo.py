@@ -26,7 +26,7 @@ import torch
 from harnessrl.samples import ACTION, ARGS
 from harnessrl.errors import UserError
 from harnessrl.trainer.capo_partition import Partition
-from harnessrl.trainer.data import aggregate
+from harnessrl.trainer.diagnostics import masked_sums
 from harnessrl.trainer.grpo import HarnessTrainer
 
 
@@ -103,7 +103,7 @@ class CapoTrainer(HarnessTrainer):
         per_token, old = self.per_token_loss(logps, inputs)
         self.log_token_stats(logps, old, entropy, inputs)
         for name, m in self.class_masks(inputs).items():
-            self._log(f"loss/{name}", aggregate(per_token.detach(), m, "token_mean"))
+            self._log_mean(f"loss/{name}", *masked_sums(per_token.detach(), m))
         return {k: self.share(per_token, inputs[f"w_{k}"]) for k in ("act", "args", "other")}
 
     def objective(self, model, inputs):
@@ -157,7 +157,7 @@ class CapoTrainer(HarnessTrainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._pending is not None:
             if self.cfg.capo_other:
-                self._log("grad_norm/other", torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)))
+                self._log_mean("grad_norm/other", torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)))
             for (p, _, _), g in zip(self.routes, self._pending):
                 if self.accelerator.num_processes > 1:  # routed grads bypass DDP's hooks
                     g = self.accelerator.reduce(g, reduction="mean")
@@ -169,9 +169,9 @@ class CapoTrainer(HarnessTrainer):
         dot = sum((a.float() * b.float()).sum() for a, b in zip(g_act, g_args))
         na = torch.sqrt(sum((a.float() ** 2).sum() for a in g_act))
         nb = torch.sqrt(sum((b.float() ** 2).sum() for b in g_args))
-        self._log("grad_norm/act", torch.sqrt(sum(((ma * a).float() ** 2).sum() for (_, ma, _), a in zip(self.routes, g_act))))
-        self._log("grad_norm/args", torch.sqrt(sum(((mb * b).float() ** 2).sum() for (_, _, mb), b in zip(self.routes, g_args))))
-        self._log("grad_cosine/act_args", dot / (na * nb).clamp(min=1e-12))
+        self._log_mean("grad_norm/act", torch.sqrt(sum(((ma * a).float() ** 2).sum() for (_, ma, _), a in zip(self.routes, g_act))))
+        self._log_mean("grad_norm/args", torch.sqrt(sum(((mb * b).float() ** 2).sum() for (_, _, mb), b in zip(self.routes, g_args))))
+        self._log_mean("grad_cosine/act_args", dot / (na * nb).clamp(min=1e-12))
 
     # -- freezing ---------------------------------------------------------------------------------
     def create_optimizer(self, *args, **kwargs):

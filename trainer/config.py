@@ -82,6 +82,11 @@ class TrainConfig:
     # are "progressively closer to the prompt-only setting"); False: c^h always shows level 4, the level
     # limits the SFT targets only
     pact_level_limits_context: bool = True
+    # where this run lies in the whole training, for λ_a's and the level's annealing (the paper anneals
+    # once over all of training): the schedule's step at this run's first step, and its horizon S
+    # (None: this run's --steps). `loop` sets both, so the schedules run once over all its rounds
+    pact_schedule_start: int = 0
+    pact_schedule_steps: int | None = None
 
     def kl_beta(self) -> float:
         if self.beta is not None:
@@ -117,6 +122,8 @@ class TrainConfig:
         for name in ("max_tokens_per_microbatch", "max_sample_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 2:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 2 tokens, got {getattr(self, name)}")
+        if self.pact_schedule_start < 0 or (self.pact_schedule_steps is not None and self.pact_schedule_steps < 1):
+            raise UserError("pact_schedule_start must be ≥ 0 and pact_schedule_steps ≥ 1")
         if not 0.0 <= self.pact_q <= 1.0:
             raise UserError(f"pact_q must be in [0, 1], got {self.pact_q}")
         if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):

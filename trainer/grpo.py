@@ -20,8 +20,9 @@ from trl import GRPOConfig, GRPOTrainer
 from harnessrl.errors import UserError
 from harnessrl.trainer.budget import LONG_SAMPLE, default_budget, memory_guard
 from harnessrl.trainer.config import TrainConfig
-from harnessrl.trainer.data import Dataset, Sample, aggregate, collate, limit_length
-from harnessrl.trainer.losses import clip_fraction, clipped_surrogate, k3_kl, tis_weight
+from harnessrl.trainer.data import Dataset, Sample, collate, limit_length
+from harnessrl.trainer.diagnostics import Diagnostics, masked_sums
+from harnessrl.trainer.losses import clipped_surrogate, clipped_tokens, k3_kl, tis_weight
 from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
 from harnessrl.trainer.steps import StepPlan
@@ -141,6 +142,7 @@ class HarnessTrainer(GRPOTrainer):
         self.pad_id = self.tok.pad_token_id
         self._micro: list[dict[str, Any]] = []
         self._running: list[Sample] = []
+        self._diagnostics = Diagnostics()
 
     # -- data ---------------------------------------------------------------------------------
     def limit_lengths(self, data: Dataset) -> Dataset:
@@ -252,7 +254,7 @@ class HarnessTrainer(GRPOTrainer):
         if self.beta != 0.0:
             kl = k3_kl(logps, inputs["ref_per_token_logps"])
             loss = loss + self.beta * kl
-            self._log("kl", aggregate(kl.detach(), inputs["loss_mask"], "token_mean"))
+            self._log_mean("kl", *masked_sums(kl.detach(), inputs["loss_mask"]))
         return loss, old
 
     def share(self, per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -269,21 +271,33 @@ class HarnessTrainer(GRPOTrainer):
 
     def log_token_stats(self, logps: torch.Tensor, old: torch.Tensor, entropy: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
         mask = inputs["loss_mask"]
-        self._log("entropy", aggregate(entropy.detach(), mask, "token_mean"))
-        self._log("clip_ratio", clip_fraction(logps, old, inputs["advantages"], mask, self.epsilon_low, self.epsilon_high))
+        self._log_mean("entropy", *masked_sums(entropy.detach(), mask))
+        self._log_mean("clip_ratio", clipped_tokens(logps, old, inputs["advantages"], mask, self.epsilon_low, self.epsilon_high), mask.sum())
 
     def _compute_loss(self, model, inputs):
         terms = self.objective(model, inputs)
         for name, value in terms.items():
             if name != "loss":
-                self._log(f"loss/{name}", value)
+                self._log_mean(f"loss/{name}", *(value if isinstance(value, tuple) else (value, 1.0)))
         return terms["loss"]  # already this micro-batch's share: no division by the accumulation steps
 
-    def _log(self, name: str, value: torch.Tensor | float) -> None:
-        """Diagnostics (not the loss): per micro-batch values, averaged over processes and by TRL over a logging step."""
-        mode = "train" if self.model.training else "eval"
-        v = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-        log_metric(self, mode, name, self.accelerator.gather(v.to(self.accelerator.device).reshape(1)).mean().item())
+    def _log_mean(self, name: str, num: torch.Tensor | float, den: torch.Tensor | float = 1.0) -> None:
+        """A diagnostic (not the loss) as Σ num / Σ den over the micro-batches and processes of the
+        steps up to the next log (trainer/diagnostics.py): token-weighted when num sums a token value
+        and den counts the tokens, so it does not depend on the split; den = 1 averages per micro-batch."""
+        self._diagnostics.add("train" if self.model.training else "eval", name, num, den)
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        gather = None
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object as gather
+        for mode, name, value in self._diagnostics.flush(gather):
+            log_metric(self, mode, name, value)
+        super().log(logs, *args, **kwargs)
+
+    def train(self, *args, **kwargs):
+        self._diagnostics.clear()  # values of objective calls before training (tests, benches) are not the run's
+        return super().train(*args, **kwargs)
 
     def fixed_batch(self, indices: list[int] | None = None) -> dict[str, Any]:
         """These samples (default: all) as one micro-batch, as a step would build it (tests, bench)."""

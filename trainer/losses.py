@@ -26,7 +26,8 @@ def tis_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float)
     return torch.where(torch.isnan(behaviour_logp), torch.ones_like(w), w)
 
 
-def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float) -> float:
+def clipped_tokens(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
+    """How many trainable tokens the clip holds (their gradient is 0): the clip ratio's numerator."""
     ratio = torch.exp(logp.detach() - old_logp)
     clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
-    return float((clipped.float() * mask).sum() / mask.sum().clamp(min=1.0))
+    return (clipped.float() * mask).sum()

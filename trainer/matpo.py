@@ -12,7 +12,8 @@ from collections import defaultdict
 import torch
 
 from harnessrl.errors import UserError
-from harnessrl.trainer.data import Dataset, aggregate
+from harnessrl.trainer.data import Dataset
+from harnessrl.trainer.diagnostics import masked_sums
 from harnessrl.trainer.grpo import HarnessTrainer
 
 
@@ -47,8 +48,9 @@ class MatpoTrainer(HarnessTrainer):
         mask = inputs["loss_mask"]
         self.log_token_stats(logps, old, entropy, inputs)
         terms = {"loss": self.share(per_token, inputs["loss_weights"])}
+        per_step = 1.0 / (self.args.gradient_accumulation_steps * self.accelerator.num_processes)
         for i, agent in enumerate(self._agents):
             role = mask * (inputs["agent_index"] == i)[:, None]
-            self._log(f"tokens/{agent}", role.sum())
-            terms[f"role_{agent}"] = aggregate(per_token.detach(), role, "token_mean")
+            self._log_mean(f"tokens/{agent}", role.sum(), per_step)  # the role's trainable tokens per step
+            terms[f"role_{agent}"] = masked_sums(per_token.detach(), role)
         return terms

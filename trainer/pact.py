@@ -37,7 +37,8 @@ import torch
 from harnessrl.errors import UserError
 from harnessrl.pact_levels import reasoning_level, reasoning_prefix
 from harnessrl.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from harnessrl.trainer.data import Sample, aggregate, collate
+from harnessrl.trainer.data import Sample, collate
+from harnessrl.trainer.diagnostics import masked_sums
 from harnessrl.trainer.grpo import HarnessTrainer, prompt_key
 from harnessrl.trainer.packing import pack, packed_logps
 from harnessrl.trainer.sft import span_weights
@@ -188,7 +189,9 @@ class PactTrainer(HarnessTrainer):
         return len(sample.input_ids) + sample.prompt_len + self._extra_tokens[sample.task_id]  # RL row + SFT sequence (x + expert)
 
     def schedule(self) -> tuple[float, int]:
-        s, S = self.state.global_step, self.args.max_steps
+        """(λ_a, level) at this step of the whole training (config: pact_schedule_start / _steps)."""
+        s = self.cfg.pact_schedule_start + self.state.global_step
+        S = self.cfg.pact_schedule_steps or self.args.max_steps
         return lambda_a(s, S, self.cfg.pact_lambda_start, self.cfg.pact_lambda_end), reasoning_level(s, S)
 
     def _block(self, task_id: str, trace: dict, level: int) -> list[int]:
@@ -277,13 +280,13 @@ class PactTrainer(HarnessTrainer):
         sft = self.sft_losses(model, inputs)
         sft_term = self.share(sft, inputs["sft_row_weight"])
         has_sft = inputs["sft_row_weight"] > 0
-        self._log("pact/anchor_fraction", inputs["gate"].mean())
+        self._log_mean("pact/anchor_fraction", inputs["gate"].sum(), inputs["gate"].numel())  # of the step's rows
         lam, level = self.schedule()
-        self._log("pact/lambda_a", lam)
-        self._log("pact/level", level)
+        self._log_mean("pact/lambda_a", lam)
+        self._log_mean("pact/level", level)
         return {
             "loss": rl + self.cfg.pact_beta_sft * sft_term,
-            "rl_anchor": aggregate(per_token.detach(), mask * g, "token_mean"),
-            "rl_trace": aggregate(per_token.detach(), mask * (1 - g), "token_mean"),
-            "sft": sft.detach()[has_sft].mean() if bool(has_sft.any()) else torch.zeros(()),
+            "rl_anchor": masked_sums(per_token.detach(), mask * g),
+            "rl_trace": masked_sums(per_token.detach(), mask * (1 - g)),
+            "sft": (sft.detach()[has_sft].sum(), has_sft.sum()),  # the mean L_SFT of the step's sequences
         }

@@ -301,10 +301,12 @@ def _proxy_config(cfg: LoopConfig, db: str, state: LoopState, host: str) -> Prox
 
 
 def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int, partition: str | None) -> TrainConfig:
-    """Round r's trainer options: --train-config's, under the loop's own flags."""
+    """Round r's trainer options: --train-config's, under the loop's own flags. PACT's schedules (λ_a,
+    the reasoning level) anneal once over all rounds, as over the paper's whole training."""
     return load_config(cfg.train_config, dict(
         samples=str(samples), model=model, algo=cfg.algo, out=str(out), steps=cfg.steps, batch_size=cfg.batch_size,
-        lr=cfg.lr, seed=cfg.seed + r, temperature=cfg.temperature, partition=partition))
+        lr=cfg.lr, seed=cfg.seed + r, temperature=cfg.temperature, partition=partition,
+        pact_schedule_start=r * cfg.steps, pact_schedule_steps=cfg.rounds * cfg.steps))
 
 
 def _teacher_round(cfg: LoopConfig, ex: Executor, t: Teacher, h: HarnessTasks, db: str, state: LoopState, tag: str,
