@@ -99,6 +99,8 @@ def test_cli_train_with_yaml_config_and_errors(samples, tiny_model_dir, tmp_path
         (("train", str(samples), "--model", str(tmp_path)), "not a model directory"),
         (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "capo"), "needs --partition"),
         (("train", str(samples), "--model", str(tiny_model_dir), "--loss-agg", "sum"), "unknown --loss-agg"),
+        (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "pact", "--pact-gate", "round"), "unknown pact_gate"),
+        (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "pact", "--pact-schedule-steps", "0"), "pact_schedule_steps"),
     ]
     for args, msg in bad:  # in-process through the same entry point, to keep the suite fast
         monkeypatch.setattr(sys, "argv", ["harnessrl", *args])

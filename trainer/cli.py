@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
             None, "--pact-level-limits-context/--pact-level-sft-only",
             help="pact: the annealed reasoning-prefix level limits the privileged context too (default, the paper's), "
                  "or only the SFT targets."),
+        pact_schedule_start: Optional[int] = typer.Option(
+            None, "--pact-schedule-start", help="pact: the step of the whole training this run starts at (λ_a and level annealing; default 0)."),
+        pact_schedule_steps: Optional[int] = typer.Option(
+            None, "--pact-schedule-steps", help="pact: the annealing horizon S in steps (default: --steps; `loop` sets both over its rounds)."),
         lora: Optional[bool] = typer.Option(None, "--lora/--full", help="Train a LoRA adapter (PEFT)."),
         push: Optional[str] = typer.Option(None, "--push", help="Push the checkpoint to this proxy or vLLM URL."),
         version: Optional[str] = typer.Option(None, "--version", help="Weight version name for the checkpoint."),
@@ -61,6 +65,7 @@ def register(app: typer.Typer) -> None:
             version=version, db=db, report_to=report_to, max_tokens_per_microbatch=max_tokens_per_microbatch,
             max_sample_tokens=max_sample_tokens, over_length=over_length, gradient_checkpointing=gradient_checkpointing,
             pact_gate=pact_gate, pact_level_limits_context=pact_level_limits_context,
+            pact_schedule_start=pact_schedule_start, pact_schedule_steps=pact_schedule_steps,
         ))
         if not cfg.model:
             from harnessrl.errors import UserError
