@@ -40,7 +40,7 @@ def proxy(upstream: str, db: str, *args: str) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def stored(db: str) -> dict[str, str]:
+def recorded(db: str) -> dict[str, str]:
     """call id -> status of every recorded call."""
     from sqlalchemy import select
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_common import HANG_S, MSGS, Probe, openai_error, proxy, stored  # noqa: E402
+from fault_common import HANG_S, MSGS, Probe, openai_error, proxy, recorded  # noqa: E402
 from procs import free_port, stop  # noqa: E402
 
 
@@ -44,13 +44,13 @@ def upstream_faults(upstream: str, tmp: Path) -> Probe:
                     ids.append((r.headers.get("x-harnessrl-call"), _told(r, "chat", stream)))
         finally:
             stop(proc)
-        _score(p, ids, stored(db))
+        _score(p, ids, recorded(db))
     return p
 
 
 # answers that end as if complete but are not (issue 30); the stand-in breaks the answer of a
 # prompt holding "[fault:NAME]", so a --prefix proxy (which names the served model) gets them too
-INCOMPLETE = ("error-mid-stream", "no-finish", "non-sse", "garbage", "truncated-json")
+INCOMPLETE = ("error-mid-stream", "no-finish", "abort", "non-sse", "garbage", "truncated-json")
 
 
 def _ask(http: httpx.Client, surface: str, fault: str, stream: bool) -> httpx.Response:
@@ -112,6 +112,6 @@ def incomplete_answers(upstream: str, tmp: Path, mode: str, repeats: int = 4) ->
                             ids.append((r.headers.get("x-harnessrl-call"), _told(r, surface, stream)))
     finally:
         stop(proc)
-    _score(p, ids, stored(db))
+    _score(p, ids, recorded(db))
     p.note = f"{len(INCOMPLETE)} shapes x chat/completions/messages x stream or not"
     return p

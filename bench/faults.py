@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_common import HANG_S, MSGS, Probe, openai_error, proxy, stored  # noqa: E402
+from fault_common import HANG_S, MSGS, Probe, openai_error, proxy, recorded  # noqa: E402
 from fault_upstream import incomplete_answers, upstream_faults  # noqa: E402
 from procs import free_port, standin_cmd, stop, wait_ready  # noqa: E402
 
@@ -138,7 +138,7 @@ def sigkill(upstream: str, db: str, label: str, kills: int = 2) -> Probe:
 
         asyncio.run(run())
         proc.wait(timeout=10)
-        stored = stored(db)
+        stored = recorded(db)
         p.tried += len(answered)
         p.well += sum(a in stored for a in answered)
         p.lost += sum(a not in stored for a in answered)
@@ -173,7 +173,7 @@ def pg_terminate(upstream: str, pg_db: str) -> Probe:
         asyncio.run(run())
     finally:
         stop(proc)
-    stored = stored(db)
+    stored = recorded(db)
     calls = sum(v for k, v in outcomes.items() if k not in ("slow", "cut", "hang"))
     p.tried = calls + outcomes.get("hang", 0)
     missing = sum(a not in stored for a in answered)
@@ -215,7 +215,7 @@ def abandoned_streams(upstream: str, tmp: Path, n: int = 20) -> Probe:
         time.sleep(2)
     finally:
         stop(proc)
-    stored = stored(db)
+    stored = recorded(db)
     p.well = sum(i in stored for i in ids)
     p.lost = p.tried - p.well
     statuses: dict[str, int] = {}
@@ -252,7 +252,7 @@ def disk_full(upstream: str, tmp: Path) -> Probe:
         finally:
             stop(proc)
         os.remove(mnt / "filler")
-        stored = stored(db)
+        stored = recorded(db)
         calls = sum(v for k, v in outcomes.items() if k not in ("slow", "cut", "hang"))
         p.tried = calls + outcomes.get("hang", 0)
         p.lost = sum(a not in stored for a in answered)

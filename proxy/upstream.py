@@ -88,6 +88,19 @@ def body_error(rest: bytes | bytearray) -> ProxyError | None:
         return None
 
 
+# finish reasons of answers that did not finish: vLLM's FinishReason.ABORT and .ERROR
+UNFINISHED = frozenset(("abort", "error"))
+
+
+def unfinished(finish_reason: str | None, where: str) -> ProxyError | None:
+    """The error for an answer that does not say it finished (None when it does)."""
+    if not finish_reason:
+        return truncated(f"the upstream's {where} has no finish_reason")
+    if finish_reason in UNFINISHED:
+        return truncated(f"the upstream's {where} ended with finish_reason {finish_reason!r}")
+    return None
+
+
 def truncated(what: str) -> ProxyError:
     """An answer that ended without saying it was complete: never recorded as a finished one."""
     return ProxyError(502, f"{what} (a truncated answer)", "upstream_error", code="upstream_truncated")
@@ -160,8 +173,8 @@ def extract_and_strip(resp: dict, wants: Wants, chat: bool) -> Extract:
             else:
                 ex.text = ch.get("text")
         _strip_choice(ch, wants, chat, "message")
-    if not ex.finish_reason:
-        raise truncated("the upstream's response has no finish_reason")
+    if (err := unfinished(ex.finish_reason, "response")) is not None:
+        raise err
     return checked(ex)
 
 
@@ -300,8 +313,8 @@ class StreamAssembler:
         if not self.answered:
             raise ValueError("the stream ended without a choice")
         ex = self.ex
-        if not ex.finish_reason:
-            raise truncated("the upstream's stream ended without a finish_reason")
+        if (err := unfinished(ex.finish_reason, "stream")) is not None:
+            raise err
         text = "".join(self.content)
         choice: dict[str, Any] = {"index": 0, "finish_reason": ex.finish_reason, "logprobs": None}
         if self.chat:

@@ -17,7 +17,7 @@ import orjson
 from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
 from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.upstream import (Extract, body_error, checked, error_in, sse_events, truncated, upstream_error,
+from harnessrl.proxy.upstream import (Extract, body_error, checked, error_in, sse_events, unfinished, upstream_error,
                                       weight_version_of)
 
 log = logging.getLogger("harnessrl.proxy")
@@ -80,8 +80,8 @@ class UpstreamTokens:
             raise UpstreamMalformed(exc) from None
         if len(ids) != len(lps):
             raise UpstreamMalformed(f"{len(ids)} token ids but {len(lps)} log-probs")
-        if not finish:  # never "stop" by default: training would take a cut answer for a whole one
-            raise truncated("the upstream's completion has no finish_reason")
+        if (err := unfinished(finish, "completion")) is not None:  # never "stop" by default: training
+            raise err  # would take a cut answer for a whole one
         if version:
             self.weight_version = version
         # an upstream that reports no version (vLLM's completions): the one the proxy pushed to it

@@ -19,7 +19,7 @@ from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call
 
-FAULTS = ["error-mid-stream", "no-finish", "non-sse", "garbage", "truncated-json"]
+FAULTS = ["error-mid-stream", "no-finish", "abort", "non-sse", "garbage", "truncated-json"]
 UPSTREAM_WORDS = "injected engine failure mid-stream"  # the stand-in's error event's message
 
 
@@ -78,7 +78,7 @@ def test_upstream_fault_is_a_failed_call_and_an_error_for_the_harness(proxies, m
     assert row.error.startswith("502 upstream_error: ")
     if fault == "error-mid-stream":  # the upstream's own words, in the record and for the harness
         assert UPSTREAM_WORDS in row.error and UPSTREAM_WORDS in str(err)
-    if fault == "no-finish":
+    if fault in ("no-finish", "abort"):
         assert "finish_reason" in row.error and "truncated" in row.error
 
 
@@ -138,8 +138,9 @@ VLLM_OLD_ERROR = '{"object": "error", "message": "engine dead", "type": "Interna
          "[DONE]"), "engine dead"),
     (sse(_chunk("The ans"), VLLM_OLD_ERROR, "[DONE]"), "engine dead"),  # vLLM < 0.9's flat error object
     (sse(_chunk("The ans"), _chunk("wer"), "[DONE]"), "finish_reason"),
+    (sse(_chunk("The ans"), _chunk(None, "abort"), "[DONE]"), "'abort'"),  # vLLM: the request was aborted
     (sse(_chunk("The ans")) + b"data: {\"id\": \"c1\", \"choi", "finish_reason"),
-], ids=["error-event", "flat-error-event", "no-finish", "cut-event"])
+], ids=["error-event", "flat-error-event", "no-finish", "abort", "cut-event"])
 def test_pass_through_stream_faults_from_exact_bytes(tmp_path, body, words):
     db = str(tmp_path / "runs.db")
     with raw_upstream() as up, run_proxy(ProxyConfig(db=db, upstream=up.url, port=0)) as proxy:

@@ -23,7 +23,7 @@ chosen by model name or by "[fault:NAME]" anywhere in the prompt (so a `--prefix
 names the served model itself, can ask for them): "error-mid-stream" (streams: content chunks,
 then vLLM's streaming error `data: {"error": {...}}`, then `[DONE]`; else that error object as a
 200 body), "no-finish" (no finish reason: streams end with `[DONE]` after content chunks whose
-finish_reason is null), "non-sse" (`{"choices":[]}` as application/json, streams too), "garbage"
+finish_reason is null), "abort" (finish_reason "abort": vLLM's aborted request), "non-sse" (`{"choices":[]}` as application/json, streams too), "garbage"
 (an HTML page, streams too), "truncated-json" (the body, or the stream's third event, cut in the
 middle, then the connection ends). vLLM's reload API (`/collective_rpc` reload_weights,
 `/v1/load_lora_adapter`, `/reset_prefix_cache`) changes the weight version it reports; a stream
@@ -351,10 +351,10 @@ class StandIn:
 
 
 _HOOKS = {"fail-500", "fail-400", "slow", "no-choices", "bad-ids", "bad-usage", "bad-chunk", "slow-stream",
-          "nul-output", "error-mid-stream", "no-finish", "non-sse", "garbage", "truncated-json"}
+          "nul-output", "error-mid-stream", "no-finish", "abort", "non-sse", "garbage", "truncated-json"}
 
 
-_FAULTS = ("error-mid-stream", "no-finish", "non-sse", "garbage", "truncated-json")
+_FAULTS = ("error-mid-stream", "no-finish", "abort", "non-sse", "garbage", "truncated-json")
 _WHOLE_BODY_FAULTS = ("non-sse", "garbage")  # the same answer streamed or not
 _MARKER = re.compile(r"\[fault:([a-z-]+)\]")
 # vLLM's streaming error event (serving_chat's create_streaming_error_response)
@@ -379,9 +379,9 @@ def _answer(body: dict, fault: str | None) -> Response:
     """A whole (non-stream) answer, broken the way `fault` says."""
     if fault == "error-mid-stream":
         return Response(orjson.dumps(_STREAM_ERROR), media_type="application/json")
-    if fault == "no-finish":
+    if fault in ("no-finish", "abort"):
         for ch in body["choices"]:
-            ch["finish_reason"] = None
+            ch["finish_reason"] = None if fault == "no-finish" else "abort"
     data = orjson.dumps(body)
     return Response(data[: len(data) // 2] if fault == "truncated-json" else data, media_type="application/json")
 
@@ -402,10 +402,11 @@ async def _broken(events, fault: str):
         if fault == "truncated-json" and n == 3:
             yield event[: len(event) // 2]
             return
-        if fault == "no-finish" and event.startswith(b"data: {"):
+        if fault in ("no-finish", "abort") and event.startswith(b"data: {"):
             chunk = orjson.loads(event[6:])
             for ch in chunk.get("choices") or []:
-                ch["finish_reason"] = None
+                if ch.get("finish_reason"):
+                    ch["finish_reason"] = None if fault == "no-finish" else "abort"
             event = b"data: " + orjson.dumps(chunk) + b"\n\n"
         yield event
 
