@@ -10,8 +10,6 @@ from harnessrl.compiler.response import parse_response
 from harnessrl.compiler.rewards import call_valid, tool_format
 from harnessrl.proxy.toolparse import parse_hermes
 
-pytestmark = pytest.mark.unit
-
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]
 TEXT = ('<think>\nTwo lookups.\n</think>\n\n'
@@ -25,6 +23,7 @@ def shapes() -> dict:
     return {"vllm": (TEXT, None), "proxy": (content, calls)}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", ["vllm", "proxy"])
 def test_valid_and_broken_call_count_the_same_in_both_record_shapes(shape):
     text, native = shapes()[shape]
@@ -39,8 +38,39 @@ def test_valid_and_broken_call_count_the_same_in_both_record_shapes(shape):
     assert adv.matpo_reward(1.0, fmt_p, []) == pytest.approx(0.925)
 
 
+@pytest.mark.unit
 def test_a_valid_block_left_beside_native_calls_is_not_counted_twice():
     # A server that keeps the call's text in the content and also returns it as a tool call: one attempt.
     block = '<tool_call>\n{"name": "lookup", "arguments": {"key": "alpha"}}\n</tool_call>'
     _, calls = parse_hermes(block)
     assert len(parse_response(block, calls).calls) == 1
+
+
+def test_compile_scores_both_record_shapes_alike(db_target, tiny_model_dir, tmp_path):
+    # End to end: two rollouts of one group generated the same tokens; r1 recorded as vLLM does
+    # (all text, no tool_calls), r2 as the proxy's own parser does (the valid call in tool_calls, the
+    # broken block in the content). `compile --process tool_format` gives both turns 1 of 2 = 0.5.
+    import json
+    import time
+
+    from test_compiler_export import Recorder, compile_
+    from transformers import AutoTokenizer
+
+    from harnessrl.records import Call, pack_ids
+
+    rec = Recorder(db_target, AutoTokenizer.from_pretrained(tiny_model_dir))
+    messages = [{"role": "user", "content": "Look up alpha and beta."}]
+    prompt = rec.render(messages, TOOLS)
+    completion = rec.enc(TEXT) + [rec.eos]
+    content, native = shapes()["proxy"]
+    for rid, text, calls in (("r1", TEXT, None), ("r2", content, native)):
+        rec.rollout(rid, "t1", "g", reward=1.0)
+        with rec.make.begin() as s:
+            s.add(Call(id=f"{rid}c", rollout_id=rid, seq=0, agent="planner", endpoint="chat",
+                       request={"messages": messages, "tools": TOOLS}, response_text=text, tool_calls=calls, status="ok",
+                       prompt_ids=pack_ids(prompt), completion_ids=pack_ids(completion), weight_version="v0", created_at=time.time()))
+    _, samples = compile_(db_target, tmp_path, tiny_model_dir, advantage="grpo", process=("tool_format",))
+    for rid in ("r1", "r2"):
+        (row,) = [r for r in samples.values() if r["rollout_id"] == rid]
+        assert json.loads(row["reward_breakdown"])["process"][f"{rid}c"] == {"tool_format": 0.5}, rid
+
