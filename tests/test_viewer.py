@@ -318,3 +318,18 @@ def test_nul_in_an_id_or_a_filter_is_a_client_error_on_both_dbs(db_target):
             r = http.get("/ui/api/rollouts", params={key: "a\x00"})
             assert r.status_code == 400 and "U+0000" in r.json()["error"]["message"], r.text
         assert http.get("/ui/api/rollouts").status_code == 200  # the same connection, still open
+
+
+def test_an_internal_error_shows_no_database_text(tmp_path):
+    """A failing query (here: the table gone under the viewer) is a 500 whose text names no SQL
+    and no database message; those go to the log."""
+    db = str(tmp_path / "runs.db")
+    engine, _ = open_db(db)
+    with serve(standalone(create_viewer(db))) as url:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE rollouts"))
+        for path in ("/ui/api/rollouts", "/ui/"):
+            r = httpx.get(url + path)
+            assert r.status_code == 500, r.text
+            assert "SELECT" not in r.text and "no such table" not in r.text and "FROM" not in r.text, r.text
+    engine.dispose()

@@ -14,6 +14,7 @@ JSON endpoints (the data the pages render, documented in docs/viewer.md):
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from harnessrl.viewer.runs import check_loop_dir, runs_view
 from harnessrl.viewer.samples import Samples
 
 HERE = Path(__file__).resolve().parent
+log = logging.getLogger("harnessrl.viewer")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
@@ -98,7 +100,9 @@ def create_viewer(db: str, samples: str | Path | None = None, loop: str | Path |
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception):
-        return _error(request, 500, f"internal viewer error: {type(exc).__name__}: {exc}")
+        # the text may hold SQL or the database's own message: it goes to the log, never into a page
+        log.error("internal viewer error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _error(request, 500, f"internal viewer error ({type(exc).__name__}); see the viewer's log")
 
     def _error(request: Request, status: int, message: str) -> Response:
         if "/api/" in request.url.path:
