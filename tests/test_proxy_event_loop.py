@@ -99,3 +99,35 @@ def _assert_live(mode: str, in_flight: list[float], took: float) -> None:
     assert len(in_flight) >= 5, f"/health answered {len(in_flight)} times in {took:.1f} s of processing"
     # none waited for the processing (before: one waited ~all of it, the others came before it began)
     assert statistics.median(in_flight) < 0.1 and max(in_flight) < took / 2, sorted(in_flight)
+
+
+def test_prompts_tokenized_at_once_on_several_threads_each_get_their_own_ids(upstream, tokenizer_dir, tmp_path):
+    """The route's prompt threads share one tokenizer: 16 calls at once are each recorded with the
+    ids a single-threaded rendering gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy import select
+    from transformers import AutoTokenizer
+
+    from harnessrl.db import open_db
+    from harnessrl.proxy.prefix import Prompter
+    from harnessrl.records import Call, unpack_ids
+
+    db = str(tmp_path / "runs.db")
+    asks = [[{"role": "user", "content": f"question {i}: " + "river " * (50 * i)}] for i in range(16)]
+    with run_proxy(ProxyConfig(db=db, upstream=upstream, port=0, prefix=True, tokenizer=str(tokenizer_dir))) as proxy:
+        def ask(messages: list[dict]) -> str:
+            r = httpx.post(proxy.url + "/v1/chat/completions", timeout=120,
+                           json={"model": "m", "max_tokens": 4, "messages": messages})
+            assert r.status_code == 200, r.text
+            return r.headers["x-harnessrl-call"]
+
+        with ThreadPoolExecutor(16) as pool:
+            ids = list(pool.map(ask, asks))
+    prompter = Prompter(AutoTokenizer.from_pretrained(tokenizer_dir), True)
+    engine, Session = open_db(db)
+    with Session() as s:
+        rows = {c.id: c for c in s.scalars(select(Call))}
+    engine.dispose()
+    for call_id, messages in zip(ids, asks):
+        assert list(unpack_ids(rows[call_id].prompt_ids)) == prompter.render(messages, None)
