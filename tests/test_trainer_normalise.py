@@ -45,6 +45,13 @@ def test_split_weights_hand_numbers():
         assert float(sum(parts)) == pytest.approx(expect_total[mode])
         index = torch.tensor([0, 1, 1, 2])
         assert float(aggregate(loss, mask, mode, index)) == pytest.approx(expect_total[mode])  # the unsplit definition
+    # prompt_mean (pact's default): the same formula keyed by prompt. Rows of prompts P, P, Q, Q
+    # (the rollouts' keys regrouped): n_P = 3, n_Q = 2 → r0, r1 1/6; r2 1/4;
+    #   (1+2)/6 + 4/6 = 1.16667 and (6+8)/4 = 3.5 → 4.66667 = (7/3 + 14/2)/2, the two prompts' token means.
+    prompts, gathered = ["P", "P", "Q", "Q"], [("P", 2.0), ("P", 1.0), ("Q", 2.0), ("Q", 0.0)]
+    assert row_weights(gathered, gathered, "prompt_mean") == pytest.approx([1 / 6, 1 / 6, 0.25, 0.0])
+    p_parts = [weighted_sum(loss[h], token_weights(mask[h], prompts[h], "prompt_mean", lambda _r: gathered)) for h in halves]
+    assert float(sum(p_parts)) == pytest.approx((7 / 3 + 7) / 2)
     # Two processes holding one half each: each contributes W·Σ w·ℓ, data parallelism averages (÷W).
     w_parts = [weighted_sum(loss[h], token_weights(mask[h], keys[h], "rollout_mean", lambda _r: everyone), processes=2) for h in halves]
     assert float(sum(w_parts)) / 2 == pytest.approx(3.75)
