@@ -89,8 +89,10 @@ def main() -> None:
     ap.add_argument("--sft-others", choices=("one", "none"), default="one",
                     help="what the warm start sees of the other items: the first of their training tasks "
                          "(one), or nothing (none: RL then has items the warm start never wrote)")
+    ap.add_argument("--train-tasks", type=int, default=64,
+                    help="RL's training tasks (of 64): the first of every item's two, then the seconds (rl_tasks)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="optimizer steps per round (default: group × 64 / batch size, every rollout once)")
+                    help="optimizer steps per round (default: group × train tasks / batch size, every rollout once)")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--ratio-to", choices=("behaviour", "step"), default="behaviour",
@@ -102,16 +104,26 @@ def main() -> None:
                     help="seeds trained at once, each in its own process with the cores split between them")
     args = ap.parse_args()
     if args.steps is None:
-        args.steps = max(1, args.group * 64 // args.batch_size)
+        args.steps = max(1, args.group * args.train_tasks // args.batch_size)
     if not args.report_only:
         _train_parallel(args) if args.jobs > 1 and "," in args.seeds else _train(args)
     report(args.out, Console())
 
 
 def _base_model(args: argparse.Namespace) -> str:
+    """--model, or the tiny model of --hidden × --layers, reused from an earlier run in the same
+    --out (the build is deterministic given them)."""
     from harnessrl.tiny_model import build_tiny_model
 
-    return args.model or str(build_tiny_model(args.out / "tiny", seed=0, hidden_size=args.hidden, layers=args.layers))
+    if args.model:
+        return args.model
+    where, key = args.out / "tiny", json.dumps({"hidden": args.hidden, "layers": args.layers})
+    marker = args.out / "tiny-model.json"
+    if not (marker.is_file() and marker.read_text() == key and (where / "config.json").is_file()):
+        marker.unlink(missing_ok=True)
+        build_tiny_model(where, seed=0, hidden_size=args.hidden, layers=args.layers)
+        marker.write_text(key)
+    return str(where)
 
 
 def _settings(args: argparse.Namespace) -> dict:
@@ -125,6 +137,7 @@ def _train_parallel(args: argparse.Namespace) -> None:
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
+    t_all = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     base = _base_model(args)
     own = ("out", "seeds", "model", "jobs", "report_only", "delegate")
@@ -145,7 +158,8 @@ def _train_parallel(args: argparse.Namespace) -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         parts = list(pool.map(one, args.seeds.split(",")))
     runs = {algo: [r for p in parts for r in p["runs"][algo]] for algo in parts[0]["runs"]}
-    (args.out / "results.json").write_text(json.dumps({**parts[0], "args": _settings(args), "runs": runs}, indent=2))
+    _write_results(args.out / "results.json", {**parts[0], "args": _settings(args), "runs": runs,
+                                               "wall_s": time.perf_counter() - t_all})
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -169,6 +183,9 @@ def _train(args: argparse.Namespace) -> None:
         train, held = toolbox.generate(seed, args.delegate)
         n_eval = len(held)
         rows = warm_start_rows(sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed), args)
+        tasks_file = None
+        if args.train_tasks < len(train):  # RL on a subset: the loop reads it, held-out tasks last
+            tasks_file = toolbox.write(rl_tasks(train, args.train_tasks) + held, out / f"tasks-{seed}.jsonl")
         train_file = out / f"sft-{seed}.jsonl"
         train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
         t = time.perf_counter()
@@ -182,7 +199,9 @@ def _train(args: argparse.Namespace) -> None:
             state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group,
                                         model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
                                         batch_size=args.batch_size, lr=args.lr, temperature=args.temperature,
-                                        seed=seed, train_config=train_config), Console(quiet=True))
+                                        seed=seed, train_config=train_config, tasks=tasks_file,
+                                        eval_fraction=len(held) / (min(args.train_tasks, len(train)) + len(held))),
+                             Console(quiet=True))
             last = state.rounds[-1]
             runs[algo].append({"seed": seed, "before": state.initial_eval, "after": last["eval_success"],
                                "validity_before": state.initial_validity, "validity_after": last["eval_validity"],
@@ -193,9 +212,25 @@ def _train(args: argparse.Namespace) -> None:
                                "parts_after": {k: last["eval_metrics"][k] for k in PARTS}})
             console.print(f"seed {seed} {algo}: held-out {state.initial_eval:.3f} → {last['eval_success']:.3f} "
                           f"({time.perf_counter() - t:.0f} s)")
-    (out / "results.json").write_text(json.dumps({"args": _settings(args), "harness": harness, "n_eval": n_eval,
-                                                  "runs": runs}, indent=2))
+    _write_results(out / "results.json", {"args": _settings(args), "harness": harness, "n_eval": n_eval,
+                                          "wall_s": time.perf_counter() - t_all, "runs": runs})
     console.print(f"trained in {time.perf_counter() - t_all:.0f} s")
+
+
+def _write_results(path: Path, results: dict) -> None:
+    """results.json, keeping the runs of other algorithms that an earlier run with the same
+    settings left there: a benchmark can be trained in parts on the same warm starts (`--algos
+    grpo,capo`, then `--algos matpo,pact`); the wall time is then the parts' sum."""
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if {k: v for k, v in old["args"].items() if k != "algos"} == {k: v for k, v in results["args"].items()
+                                                                       if k != "algos"}:
+            kept = {a: rs for a, rs in old["runs"].items() if a not in results["runs"]}
+            if kept:
+                results["runs"] = {**kept, **results["runs"]}
+                results["args"]["algos"] = ",".join(results["runs"])
+                results["wall_s"] += old.get("wall_s", 0.0)
+    path.write_text(json.dumps(results, indent=2))
 
 
 def report(out: Path, console: Console) -> None:
@@ -222,13 +257,30 @@ def report(out: Path, console: Console) -> None:
     console.print("held-out success after RL (different when the 95% intervals do not overlap):")
     for line in verdicts(summary):
         console.print(f"  {line}")
+    console.print(_per_seed(runs))
     console.print("paired by seed (mean difference of held-out success, 95% t-interval over seeds):")
     for line in seed_verdicts(runs):
         console.print(f"  {line}")
     if all("parts_before" in r for rs in runs.values() for r in rs):
         _parts(runs, n_eval, console)
     _plot(summary, out / "learning.png", results["harness"])
+    if "wall_s" in results:
+        console.print(f"wall time of the training run: {results['wall_s'] / 60:.1f} min")
     console.print(f"results in {out}/results.json, plot {out}/learning.png")
+
+
+def _per_seed(runs: dict[str, list[dict]]) -> Table:
+    """Held-out success of every run, one row per seed: the pairs the t-intervals are made of.
+    The warm start is the same for every algorithm of a seed (and so is its greedy evaluation)."""
+    by_seed = {algo: {r["seed"]: r for r in rs} for algo, rs in runs.items()}
+    seeds = sorted({s for rs in by_seed.values() for s in rs})
+    table = Table(title="per seed: held-out success, warm start → after RL")
+    for col in ("seed", "warm start", *runs):
+        table.add_column(col)
+    for s in seeds:
+        warm = next(rs[s]["before"] for rs in by_seed.values() if s in rs)
+        table.add_row(str(s), f"{warm:.3f}", *(f"{rs[s]['after']:.3f}" if s in rs else "" for rs in by_seed.values()))
+    return table
 
 
 def _train_options(path: Path, algo: str, args: argparse.Namespace) -> Path:
@@ -279,6 +331,17 @@ def warm_start_rows(tasks: list, table: dict, args: argparse.Namespace) -> list[
     except ValueError as exc:
         raise SystemExit(f"--confuse/--expert-traces/--expert-right: {exc}") from None
     return rows + toolbox.copy_drill() * args.copy_drill
+
+
+def rl_tasks(train: list, n: int) -> list:
+    """RL's training tasks: the first training task of every item, then every item's second, the
+    first n of that order — with n ≥ 32 every item is in RL's tasks, so a round's groups cover
+    every word the held-out tasks use."""
+    firsts, seconds, seen = [], [], set()
+    for t in train:
+        (seconds if t.item in seen else firsts).append(t)
+        seen.add(t.item)
+    return (firsts + seconds)[:n]
 
 
 def sft_share(train: list, items: int, others_once: bool = True) -> list:

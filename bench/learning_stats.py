@@ -67,7 +67,11 @@ def seed_verdicts(runs: dict[str, list[dict]]) -> list[str]:
     def line(label: str, diffs: list[float]) -> str:
         m, lo, hi = paired(diffs)
         v = "above" if lo > 0 else "below" if hi < 0 else "not separated"
-        return f"{label}: {m:+.3f} [{lo:+.2f}, {hi:+.2f}] per seed, {v}"
+        # the signs as well: an interval that spans 0 because one seed went the other way reads
+        # differently from one that spans it because the seeds split
+        ahead, behind = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+        return (f"{label}: {m:+.3f} [{lo:+.2f}, {hi:+.2f}] per seed, {v} "
+                f"(higher on {ahead}, lower on {behind} of {len(diffs)} seeds)")
 
     by_seed = {algo: {r["seed"]: r for r in rs} for algo, rs in runs.items()}
     lines = [line(f"{algo} − warm start", [r["after"] - r["before"] for r in rs]) for algo, rs in runs.items()]

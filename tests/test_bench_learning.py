@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,10 @@ def test_report_only_renders_from_a_results_file(tmp_path):
                  "capo: right tool (action) not separated from the warm start"):
         assert line in out
     assert "0.500 [0.43, 0.57]" in out
+    # the per-seed pairs: every seed's warm start and each algorithm's result on it
+    assert "per seed: held-out success" in out
+    assert all(re.search(rf"│ {s}\s+│ 0\.250\s+│ 0\.750\s+│ 0\.250\s+│", out) for s in range(3))
+    assert "grpo − capo: +0.500 [+0.50, +0.50] per seed, above (higher on 3, lower on 0 of 3 seeds)" in out
     png = (tmp_path / "learning.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not (tmp_path / "tiny").exists()  # nothing was built or trained
@@ -153,8 +158,48 @@ def test_paired_by_seed_by_hand():
     runs = {"grpo": [{"seed": s, "before": b, "after": a} for s, b, a in ((0, 0.2, 0.5), (1, 0.3, 0.6), (2, 0.4, 0.7))],
             "capo": [{"seed": s, "before": b, "after": a} for s, b, a in ((2, 0.4, 0.8), (0, 0.2, 0.6), (1, 0.3, 0.5))]}
     assert stats.seed_verdicts(runs) == [
-        "grpo − warm start: +0.300 [+0.30, +0.30] per seed, above",  # the same gain on every seed
+        # the same gain on every seed
+        "grpo − warm start: +0.300 [+0.30, +0.30] per seed, above (higher on 3, lower on 0 of 3 seeds)",
         # 0.4, 0.4, 0.2: mean 0.333, sd 0.1155, se 0.0667, ± 0.287
-        "capo − warm start: +0.333 [+0.05, +0.62] per seed, above",
-        "grpo − capo: -0.033 [-0.32, +0.25] per seed, not separated",  # paired by seed: -0.1, +0.1, -0.1
+        "capo − warm start: +0.333 [+0.05, +0.62] per seed, above (higher on 3, lower on 0 of 3 seeds)",
+        # paired by seed: -0.1, +0.1, -0.1
+        "grpo − capo: -0.033 [-0.32, +0.25] per seed, not separated (higher on 1, lower on 2 of 3 seeds)",
     ]
+
+
+def test_rl_on_fewer_tasks_keeps_every_item_and_the_loop_splits_the_file_back(tmp_path):
+    from harnessrl.app.harnesses import TaskSource, load_harness
+    from harnessrl.harness_examples.toolbox import tasks as toolbox
+
+    rl_tasks = _learning().rl_tasks
+    train, held = toolbox.generate(1)
+    firsts = rl_tasks(train, 32)
+    # one task per item, each the first of its item in task order
+    assert len(firsts) == 32 and len({t.item for t in firsts}) == 32
+    assert all(next(u for u in train if u.item == t.item) == t for t in firsts)
+    more = rl_tasks(train, 40)
+    assert more[:32] == firsts and len({t.item for t in more[32:]}) == 8 and not set(more[32:]) & set(firsts)
+    assert sorted(t.id for t in rl_tasks(train, 64)) == sorted(t.id for t in train)
+    # what bench/learning.py hands the loop: the subset, then the held-out tasks, and the fraction
+    # that puts exactly the held-out ones on the evaluation side
+    path = toolbox.write(firsts + held, tmp_path / "tasks.jsonl")
+    h = load_harness("toolbox", TaskSource(path, None, tmp_path, 8, len(held) / (32 + len(held)), 1))
+    assert [t.id for t in h.train] == [t.id for t in firsts] and [t.id for t in h.eval] == [t.id for t in held]
+
+
+def test_a_benchmark_trained_in_parts_keeps_the_other_algorithms_runs(tmp_path):
+    write = _learning()._write_results
+    path = tmp_path / "results.json"
+    args = {"algos": "grpo,capo", "lr": 2e-4}
+    write(path, {"args": dict(args), "runs": {"grpo": [1], "capo": [2]}, "wall_s": 100.0})
+    write(path, {"args": {**args, "algos": "matpo,pact"}, "runs": {"matpo": [3], "pact": [4]}, "wall_s": 50.0})
+    both = json.loads(path.read_text())
+    assert both["runs"] == {"grpo": [1], "capo": [2], "matpo": [3], "pact": [4]}
+    assert both["args"]["algos"] == "grpo,capo,matpo,pact" and both["wall_s"] == 150.0
+    # the same algorithm again replaces its runs; the wall time is of every part that ran
+    write(path, {"args": {**args, "algos": "pact"}, "runs": {"pact": [5]}, "wall_s": 20.0})
+    assert json.loads(path.read_text())["runs"]["pact"] == [5] and json.loads(path.read_text())["wall_s"] == 170.0
+    # other settings: nothing of the earlier run is kept
+    write(path, {"args": {**args, "lr": 1e-3, "algos": "grpo"}, "runs": {"grpo": [6]}, "wall_s": 10.0})
+    assert json.loads(path.read_text()) == {"args": {**args, "lr": 1e-3, "algos": "grpo"}, "runs": {"grpo": [6]},
+                                            "wall_s": 10.0}
