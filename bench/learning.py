@@ -267,7 +267,7 @@ def report(out: Path, console: Console) -> None:
         console.print(f"  {line}")
     if all("parts_before" in r for rs in runs.values() for r in rs):
         _parts(runs, n_eval, console)
-    _plot(summary, out / "learning.png", results["harness"])
+    _plot(summary, runs, out / "learning.png", results["harness"])
     if "wall_s" in results:
         console.print(f"wall time of the training run: {results['wall_s'] / 60:.1f} min")
     console.print(f"results in {out}/results.json, plot {out}/learning.png")
@@ -384,14 +384,26 @@ def _warm_start(where: Path, cfg, sft) -> Path:
     return Path(model)
 
 
-def _plot(summary: dict, path: Path, title: str) -> None:
+def _plot(summary: dict, runs: dict[str, list[dict]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, (name, keys) in zip(axes, (("held-out success", ("before", "after")),
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    # the pairs the seed-level verdicts are made of: one line per seed through its warm start and
+    # each algorithm's result on it
+    by_seed = {algo: {r["seed"]: r for r in rs} for algo, rs in runs.items()}
+    for s in sorted({s for rs in by_seed.values() for s in rs}):
+        warm = next(rs[s]["before"] for rs in by_seed.values() if s in rs)
+        xs = [i for i, rs in enumerate(by_seed.values()) if s in rs]
+        axes[2].plot([-1, *xs], [warm, *(rs[s]["after"] for rs in by_seed.values() if s in rs)], marker="o",
+                     alpha=0.7, label=f"seed {s}")
+    axes[2].set_xticks(range(-1, len(runs)), ["warm start", *runs])
+    axes[2].set_ylim(0, 1.05)
+    axes[2].set_title("held-out success per seed")
+    axes[2].legend(fontsize=7, ncol=2)
+    for ax, (name, keys) in zip(axes[:2], (("held-out success", ("before", "after")),
                                        ("tool-call validity", ("validity_before", "validity_after")))):
         for j, key in enumerate(keys):
             xs = [i + (j - 0.5) * 0.35 for i in range(len(summary))]
