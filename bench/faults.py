@@ -1,9 +1,10 @@
 """The fault campaign of issues 12 and 30 in one command: bad-input fuzz, SIGKILL of the proxy under
 load (SQLite and PostgreSQL), PostgreSQL connections terminated under load, a long PostgreSQL
-outage (bench/fault_db_outage.py), upstream faults — errors, and answers that end as if complete
-but are not (an error event mid-stream, a body that is not SSE, no finish reason, a cut event) in
-pass-through and `--prefix` mode, on the chat, completions and Anthropic surfaces —, abandoned
-streams, and a full disk (a small tmpfs; skipped with the reason when it cannot be mounted).
+outage and a rollout row held locked (bench/fault_db_outage.py), upstream faults — errors, and
+answers that end as if complete but are not (an error event mid-stream, a body that is not SSE,
+no finish reason, a cut event) in pass-through and `--prefix` mode, on the chat, completions and
+Anthropic surfaces —, abandoned streams, and a full disk (a small tmpfs; skipped with the reason
+when it cannot be mounted).
 
     python bench/faults.py [--pg postgresql+psycopg://postgres@127.0.0.1:5432/test] [--fuzz 2000]
 
@@ -188,12 +189,21 @@ def pg_terminate(upstream: str, pg_db: str) -> Probe:
 def db_outage(upstream: str, pg_db: str, tmp: Path) -> Probe:
     from fault_db_outage import db_outage as run
 
-    r = run(upstream, pg_db, tmp / "spill")
-    p = Probe("PostgreSQL away 15 s under load, 24 clients", tried=r["made"], lost=r["lost"], hangs=r["hangs"],
-              dropped=r["dropped"])
-    # acknowledged and stored, or refused with the DB's 503 and written back from the journal
+    return _journal_probe("PostgreSQL away 15 s under load, 24 clients", run(upstream, pg_db, tmp / "spill"))
+
+
+def row_locked(upstream: str, pg_db: str, tmp: Path) -> Probe:
+    from fault_db_outage import row_locked as run
+
+    return _journal_probe("a rollout row locked 5 s (lock timeout 1 s), 8 clients",
+                          run(upstream, pg_db, tmp / "spill-lock"))
+
+
+def _journal_probe(name: str, r: dict) -> Probe:
+    """A row of bench/fault_db_outage.py's counts: acknowledged and stored, or answered 503 and
+    written back from the failed-call journal, is handled well."""
+    p = Probe(name, tried=r["made"], lost=r["lost"] + r["5xx"], hangs=r["hangs"], dropped=r["dropped"])
     p.well = r["acknowledged"] - r["lost"] + r["written"]
-    p.lost += r["5xx"]
     p.note = (f"{r['acknowledged']} acknowledged, {r['failed']} failed ({r['written']} written back), "
               f"{r['refused']} refused at a full journal, journal drained in {r['drain_s']:.1f} s")
     return p
@@ -305,6 +315,7 @@ def main() -> None:
             probes.append(sigkill(upstream, pg[0], "PostgreSQL"))
             probes.append(pg_terminate(upstream, _pg_schema(args.pg)[0]))
             probes.append(db_outage(upstream, _pg_schema(args.pg)[0], tmp))
+            probes.append(row_locked(upstream, _pg_schema(args.pg)[0], tmp))
         probes.append(upstream_faults(upstream, tmp))
         probes.append(incomplete_answers(upstream, tmp, "pass-through"))
         probes.append(incomplete_answers(upstream, tmp, "--prefix"))
