@@ -330,8 +330,8 @@ def _teacher_round(cfg: LoopConfig, ex: Executor, t: Teacher, h: HarnessTasks, d
 
 
 def _capo_partition(samples_dir: Path, model: str, out: Path) -> Path:
-    net, tokenizer = load_model(model)
-    partition, report = build_partition(net, load_samples(samples_dir).samples, tokenizer.pad_token_id)
+    net, _ = load_model(model)
+    partition, report = build_partition(net, load_samples(samples_dir).samples)
     return write_outputs(partition, report, out)[0]
 
 
