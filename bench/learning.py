@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None,
                     help="optimizer steps per round (default: group × train tasks / batch size, every rollout once)")
     ap.add_argument("--batch-size", type=int, default=16, help="samples per optimizer step")
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--ratio-to", choices=("behaviour", "step"), default="behaviour",
                     help="logp_old of the clipped ratio (trainer option ratio_to, docs/methods.md §6; pact: step)")
     ap.add_argument("--beta", type=float, default=None, help="KL coefficient (trainer default when unset)")
