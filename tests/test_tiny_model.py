@@ -90,3 +90,24 @@ def test_imprint_labels_are_exactly_the_assistant_turns():
     assert turns >= 12
     again = tm._training_batches(tok, seed=0, n=12, batch_size=4)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
+
+
+def test_a_build_that_never_passes_its_probes_is_refused(tmp_path):
+    """20 steps never reach the first probe mark (60): the build says so instead of leaving a model
+    whose tool calls break other tests far from the cause (the vLLM shape did, on transformers 5.25)."""
+    import pytest
+
+    from harnessrl.errors import UserError
+
+    with pytest.raises(UserError, match="did not learn its chat format in 20 steps"):
+        tm.build_tiny_model(tmp_path / "m", steps=20)
+    assert not (tmp_path / "m" / "config.json").exists()
+
+
+def test_vllm_shape_passes_its_probes(vllm_model_dir):
+    """The model vLLM serves in the real-server tests calls its tool greedily (its build checks the
+    probes with transformers; this reads the saved, untied copy back)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
+    assert tm._probes_pass(model, AutoTokenizer.from_pretrained(vllm_model_dir))
