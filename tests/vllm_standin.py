@@ -18,7 +18,7 @@ Error hooks by model name: "fail-500", "fail-400", "slow" (sleeps 5 s); malforme
 status 200: "bad-ids" (a token id that is a string), "bad-usage" (usage a string), "bad-chunk"
 (a stream chunk that is not JSON, after the first content chunk), "no-choices" (`choices: null`,
 streams too), "slow-stream" (50 ms between streamed chat tokens); "nul-output" answers text
-holding U+0000 (as models sometimes do). Answers that end as if complete but are not (issue 30),
+holding U+0000 (as models sometimes do). Answers that end as if complete but are not (issue 30; tests/standin_faults.py),
 chosen by model name or by "[fault:NAME]" anywhere in the prompt (so a `--prefix` proxy, which
 names the served model itself, can ask for them): "error-mid-stream" (streams: content chunks,
 then vLLM's streaming error `data: {"error": {...}}`, then `[DONE]`; else that error object as a
@@ -54,6 +54,7 @@ import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from scripted_agent import answer as scripted_answer
+from standin_faults import WHOLE_BODY_FAULTS, answer, fault_body, fault_of, faulty
 from starlette.responses import Response, StreamingResponse
 
 WEIGHT_VERSION = "standin-v1"
@@ -162,9 +163,9 @@ class StandIn:
         model = req.get("model") or "standin"
         if bad := await self._hooks(model):
             return bad
-        fault = _fault(model, raw.decode("utf-8", "replace") if b"[fault:" in raw else "")
-        if fault in _WHOLE_BODY_FAULTS:
-            return _fault_body(fault)
+        fault = fault_of(model, raw.decode("utf-8", "replace") if b"[fault:" in raw else "")
+        if fault in WHOLE_BODY_FAULTS:
+            return fault_body(fault)
         tools = req.get("tools") if req.get("tool_choice") != "none" else None
         prompt = self.chat_prompt(req["messages"], req.get("tools"))
         ids, lps = self.reply(prompt, req.get("response_format"))
@@ -180,7 +181,7 @@ class StandIn:
             finish = "tool_calls"
         opts = _Opts(req)
         if req.get("stream"):
-            return StreamingResponse(_faulty(self._chat_stream(req, model, prompt, ids, lps, content, calls, finish,
+            return StreamingResponse(faulty(self._chat_stream(req, model, prompt, ids, lps, content, calls, finish,
                                                                opts), fault), media_type="text/event-stream")
         msg = {"role": "assistant", "content": content, "reasoning": None}
         if calls:
@@ -194,7 +195,7 @@ class StandIn:
         body = {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
                 "model": model, "choices": [choice], "usage": _usage(prompt, ids),
                 "prompt_token_ids": prompt if opts.ids else None}
-        return _answer(_malformed(body, model), fault)
+        return answer(_malformed(body, model), fault)
 
     def _chat_lp(self, ids: list[int], lps: list[float]) -> dict:
         return {"content": [{"token": self.tok.convert_ids_to_tokens(t), "logprob": lp, "bytes": None,
@@ -255,9 +256,9 @@ class StandIn:
         if isinstance(p, list) and p and isinstance(p[0], str):
             p = p[0]
         prompt = self.tok.encode(p) if isinstance(p, str) else list(p)
-        fault = _fault(model, p if isinstance(p, str) else self._prompt_text(prompt))
-        if fault in _WHOLE_BODY_FAULTS:
-            return _fault_body(fault)
+        fault = fault_of(model, p if isinstance(p, str) else self._prompt_text(prompt))
+        if fault in WHOLE_BODY_FAULTS:
+            return fault_body(fault)
         ids, lps = self.reply(prompt, req.get("response_format"))
         max_tokens = req.get("max_tokens") or 16
         finish = "stop"
@@ -267,7 +268,7 @@ class StandIn:
         opts = _Opts(req)
         want_lp = req.get("logprobs") is not None
         if req.get("stream"):
-            return StreamingResponse(_faulty(self._completion_stream(model, prompt, ids, lps, finish, skip, opts,
+            return StreamingResponse(faulty(self._completion_stream(model, prompt, ids, lps, finish, skip, opts,
                                                                      want_lp), fault), media_type="text/event-stream")
         choice = {"index": 0, "text": self.text(ids, skip), "finish_reason": finish, "stop_reason": None,
                   "logprobs": self._text_lp(ids, lps) if want_lp else None}
@@ -277,7 +278,7 @@ class StandIn:
             choice["weight_versions"] = [{"version": self.version, "start": 0, "end": len(ids)}]
         body = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
                 "model": model, "choices": [choice], "usage": _usage(prompt, ids)}
-        return _answer(_malformed(body, model), fault)
+        return answer(_malformed(body, model), fault)
 
     def _text_lp(self, ids, lps) -> dict:
         return {"text_offset": [], "token_logprobs": lps, "tokens": self.tok.convert_ids_to_tokens(ids),
@@ -352,63 +353,6 @@ class StandIn:
 
 _HOOKS = {"fail-500", "fail-400", "slow", "no-choices", "bad-ids", "bad-usage", "bad-chunk", "slow-stream",
           "nul-output", "error-mid-stream", "no-finish", "abort", "non-sse", "garbage", "truncated-json"}
-
-
-_FAULTS = ("error-mid-stream", "no-finish", "abort", "non-sse", "garbage", "truncated-json")
-_WHOLE_BODY_FAULTS = ("non-sse", "garbage")  # the same answer streamed or not
-_MARKER = re.compile(r"\[fault:([a-z-]+)\]")
-# vLLM's streaming error event (serving_chat's create_streaming_error_response)
-_STREAM_ERROR = {"error": {"message": "injected engine failure mid-stream", "type": "InternalServerError",
-                           "param": None, "code": 500}}
-
-
-def _fault(model: str, prompt: str) -> str | None:
-    if model in _FAULTS:
-        return model
-    found = _MARKER.search(prompt) if "[fault:" in prompt else None
-    return found.group(1) if found and found.group(1) in _FAULTS else None
-
-
-def _fault_body(fault: str) -> Response:
-    if fault == "non-sse":
-        return Response(b'{"choices":[]}', media_type="application/json")
-    return Response(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n", media_type="text/html")
-
-
-def _answer(body: dict, fault: str | None) -> Response:
-    """A whole (non-stream) answer, broken the way `fault` says."""
-    if fault == "error-mid-stream":
-        return Response(orjson.dumps(_STREAM_ERROR), media_type="application/json")
-    if fault in ("no-finish", "abort"):
-        for ch in body["choices"]:
-            ch["finish_reason"] = None if fault == "no-finish" else "abort"
-    data = orjson.dumps(body)
-    return Response(data[: len(data) // 2] if fault == "truncated-json" else data, media_type="application/json")
-
-
-def _faulty(events, fault: str | None):
-    """The SSE events of a stream, broken the way `fault` says."""
-    return events if fault is None else _broken(events, fault)
-
-
-async def _broken(events, fault: str):
-    n = 0
-    async for event in events:
-        n += 1
-        if fault == "error-mid-stream" and n == 3:
-            yield b"data: " + orjson.dumps(_STREAM_ERROR) + b"\n\n"
-            yield b"data: [DONE]\n\n"
-            return
-        if fault == "truncated-json" and n == 3:
-            yield event[: len(event) // 2]
-            return
-        if fault in ("no-finish", "abort") and event.startswith(b"data: {"):
-            chunk = orjson.loads(event[6:])
-            for ch in chunk.get("choices") or []:
-                if ch.get("finish_reason"):
-                    ch["finish_reason"] = None if fault == "no-finish" else "abort"
-            event = b"data: " + orjson.dumps(chunk) + b"\n\n"
-        yield event
 
 
 class _Opts:
