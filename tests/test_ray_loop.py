@@ -110,7 +110,9 @@ def test_a_hung_ray_rollout_is_cancelled_at_its_deadline_and_failed(cluster, tin
             results = ex.map(h.run, proxy.url, jobs_for(h, h.train + h.eval, 1, tag, 1.0), "rollouts")
             assert results[0].error is None and results[0].rollout_id
             assert results[1].rollout_id == "" and "90 s rollout deadline" in results[1].error
-            assert settle(proxy.url, tag, results) == 1
+            # the cancelled task's worker may finish its rollout as failed itself before settle looks
+            # (a race); either way it ends failed, which `listed` checks below
+            assert settle(proxy.url, tag, results) in (0, 1)
             with HarnessRL(proxy.url) as client:
                 listed = {r["id"]: r["status"] for r in client.list_rollouts(run=tag)}
     finally:

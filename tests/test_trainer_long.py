@@ -176,7 +176,12 @@ def test_two_40k_sessions_train_in_one_step_of_batch_4(tmp_path, tiny_model_dir)
     assert got.get("code") == 0, r.stderr[-3000:]
     assert (tmp_path / "ck" / "long" / "config.json").is_file()
     assert "per step and process (4 samples a step), activation checkpointing on" in r.stderr
-    assert got["peak"] < 3 * 2**30, f"peak RSS {got['peak'] / MiB:.0f} MiB"
+    # Over the same command on a short sample (the interpreter, torch, TRL, the model): the peak
+    # RSS alone moved between 1.6 and 3.4 GiB from one machine state to another. 80k tokens at the
+    # measured ~11 KiB a token (bench/long_sessions.py) is ~0.9 GiB; one head's 40k × 40k float32
+    # scores alone would be 6.4 GB.
+    extra = got["peak"] - _baseline(tmp_path, tiny_model_dir)
+    assert extra < 2 * 2**30, f"two 40k sessions took {extra / MiB:.0f} MiB over the baseline"
 
 
 def test_out_of_memory_is_one_line_naming_the_micro_batch(tmp_path, tiny_model_dir):
