@@ -118,11 +118,6 @@ def db_outage(upstream: str, pg_db: str, spill_dir: Path, outage_s: float = 15.0
     (acknowledged but not in the DB) / dropped (failed calls that reached the model and are not in
     the DB) / refused (turned away at a full journal) / 5xx (other than the DB's 503) / hangs, and
     the seconds the journal took to drain."""
-    from sqlalchemy import select
-
-    from harnessrl.db import open_db
-    from harnessrl.records import Call
-
     u = urlsplit(pg_db)
     relay = Relay((u.hostname or "127.0.0.1", u.port or 5432))
     db = urlunsplit(u._replace(netloc=f"{u.username}@127.0.0.1:{relay.port}"))
@@ -148,15 +143,30 @@ def db_outage(upstream: str, pg_db: str, spill_dir: Path, outage_s: float = 15.0
             await asyncio.gather(outage(), _load(url, clients, lambda: time.monotonic() > phase["end"], calls))
 
         asyncio.run(run())
-        t_drain = time.monotonic()
-        while _metric(url, "harnessrl_spill_rows") > 0 and time.monotonic() - t_drain < 120:
-            time.sleep(0.2)
-        drain_s = time.monotonic() - t_drain
+        drain_s = _drain(url)
         refused = _metric(url, "harnessrl_spill_refused_calls_total")
         spill_dropped = _metric(url, "harnessrl_spill_dropped_calls_total")
     finally:
         stop(proc)
         relay.down()
+    return {**_counts(pg_db, calls, refused, drain_s), "journal_write_errors": int(spill_dropped)}
+
+
+def _drain(url: str) -> float:
+    """Seconds until the proxy's failed-call journal is written back (at most 120)."""
+    t0 = time.monotonic()
+    while _metric(url, "harnessrl_spill_rows") > 0 and time.monotonic() - t0 < 120:
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def _counts(pg_db: str, calls: list, refused: float, drain_s: float) -> dict:
+    """What became of each call (its answer vs its row in the DB)."""
+    from sqlalchemy import select
+
+    from harnessrl.db import open_db
+    from harnessrl.records import Call
+
     engine, Session = open_db(pg_db)
     with Session() as s:
         stored = dict(s.execute(select(Call.id, Call.status)).all())
@@ -164,13 +174,10 @@ def db_outage(upstream: str, pg_db: str, spill_dir: Path, outage_s: float = 15.0
     acked = [c for c, o in calls if o == "ok"]
     failed = [c for c, o in calls if o not in ("ok", "hang")]
     return {"made": len(calls), "acknowledged": len(acked), "failed": len(failed),
-            "written": sum(stored.get(c) == "error" for c in failed),
-            "lost": sum(c not in stored for c in acked),
-            "dropped": sum(c not in stored for c in failed) - int(refused),
-            "refused": int(refused), "journal_write_errors": int(spill_dropped),
+            "written": sum(stored.get(c) == "error" for c in failed), "lost": sum(c not in stored for c in acked),
+            "dropped": sum(c not in stored for c in failed) - int(refused), "refused": int(refused),
             "5xx": sum(o.startswith("5") and o != "503" for _, o in calls),
             "hangs": sum(o == "hang" for _, o in calls), "drain_s": round(drain_s, 1)}
-
 
 def row_locked(upstream: str, pg_db: str, spill_dir: Path, hold_s: float = 5.0, lock_timeout_s: float = 1.0,
                clients: int = 8) -> dict:
@@ -178,10 +185,8 @@ def row_locked(upstream: str, pg_db: str, spill_dir: Path, hold_s: float = 5.0, 
     by another session for `hold_s` (past twice `--db-lock-timeout`) while `clients` call; the
     same counts as `db_outage` once the lock is gone and the journal drained."""
     import psycopg
-    from sqlalchemy import select
 
-    from harnessrl.db import open_db
-    from harnessrl.records import UNASSIGNED_ROLLOUT, Call
+    from harnessrl.records import UNASSIGNED_ROLLOUT
 
     port = free_port()
     proc = subprocess.Popen(proxy_cmd("--upstream", upstream, "--db", pg_db, "--port", str(port), "--no-ui",
@@ -198,24 +203,11 @@ def row_locked(upstream: str, pg_db: str, spill_dir: Path, hold_s: float = 5.0, 
             c.execute(f"SELECT id FROM {schema}.rollouts WHERE id = %s FOR UPDATE", (UNASSIGNED_ROLLOUT,))
             t_end = time.monotonic() + hold_s
             asyncio.run(_load(url, clients, lambda: time.monotonic() > t_end, calls))
-        t_drain = time.monotonic()
-        while _metric(url, "harnessrl_spill_rows") > 0 and time.monotonic() - t_drain < 120:
-            time.sleep(0.2)
-        drain_s = time.monotonic() - t_drain
+        drain_s = _drain(url)
         refused = _metric(url, "harnessrl_spill_refused_calls_total")
     finally:
         stop(proc)
-    engine, Session = open_db(pg_db)
-    with Session() as s:
-        stored = dict(s.execute(select(Call.id, Call.status)).all())
-    engine.dispose()
-    acked = [c for c, o in calls if o == "ok"]
-    failed = [c for c, o in calls if o not in ("ok", "hang")]
-    return {"made": len(calls), "acknowledged": len(acked), "failed": len(failed),
-            "written": sum(stored.get(c) == "error" for c in failed), "lost": sum(c not in stored for c in acked),
-            "dropped": sum(c not in stored for c in failed) - int(refused), "refused": int(refused),
-            "5xx": sum(o.startswith("5") and o != "503" for _, o in calls),
-            "hangs": sum(o == "hang" for _, o in calls), "drain_s": round(drain_s, 1)}
+    return _counts(pg_db, calls, refused, drain_s)
 
 
 def main() -> None:
