@@ -1,8 +1,9 @@
-# The two set-up commands of the README: `make demo` (main job end to end) and `make test`.
+# The two set-up commands of the README: `make demo` (main job end to end) and `make test`;
+# `make docs` builds the documentation site (mkdocs.yml) and fails on any warning.
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-py312 bench
+.PHONY: install demo test test-py312 bench docs
 
 install: $(STAMP)
 
@@ -15,6 +16,11 @@ demo: install
 
 test: install
 	$(VENV)/bin/pytest -q
+
+# --strict: a broken link or anchor, a missing page or one left out of the nav fails the build.
+# The site goes under .cache/ (ignored by git); docs/hooks/cli_reference.py writes the CLI page.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet -d .cache/site
 
 # The unit tests (-m unit) on Python 3.12 in their own venv; .ci/run finds the interpreter.
 PYTHON312 ?= python3.12
