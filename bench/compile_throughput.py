@@ -96,7 +96,7 @@ def synthesise(db: str, tok_dir: str, rollouts: int, seed: int = 0) -> dict:
 
 
 def run_compile(db: str, tok_dir: str, out: str, jobs: int, queue) -> None:
-    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.pipeline import CompileOptions, Compiler
 
     start, cpu = time.perf_counter(), _cpu()
     stats = Compiler(db, CompileOptions(out=Path(out), tokenizer=tok_dir, jobs=jobs)).run()

@@ -64,7 +64,7 @@ def compile_cmd(
 
     from harnessrl.compiler.advantages import load_adv_config
     from harnessrl.sampling_policy import load_policy
-    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.pipeline import CompileOptions, Compiler
     from harnessrl.compiler.labels import ClassConfig
     from harnessrl.compiler.summary import summary_notes, summary_table
 
@@ -103,7 +103,7 @@ def inspect_cmd(
     """Print a rollout's session trees: calls, agents, merges and breaks, token classes coloured."""
     from rich.console import Console
 
-    from harnessrl.compiler.show import rollout_tree
+    from harnessrl.compiler.inspect_rollout import rollout_tree
 
     Console().print(rollout_tree(db, rollout, tokenizer, max_chars))
 

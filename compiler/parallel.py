@@ -20,7 +20,7 @@ _worker: Any = None  # this worker process's Compiler
 
 def _init(db: str, opts: Any) -> None:
     global _worker
-    from harnessrl.compiler.export import Compiler
+    from harnessrl.compiler.pipeline import Compiler
 
     _worker = Compiler(db, opts)
 

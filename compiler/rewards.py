@@ -1,7 +1,7 @@
 """Outcome and process rewards (docs/methods.md §4).
 
 Outcome functions take (prediction text, reference) and return a float: the built-in ones are
-core's harnessrl.metrics (shared with the example harnesses). Process rewards score one
+core's harnessrl.answer_match (shared with the example harnesses). Process rewards score one
 decision unit (one call's completion).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from harnessrl.compiler.response import ParsedCall
 from harnessrl.errors import UserError
-from harnessrl.metrics import contains, exact_match, f1
+from harnessrl.answer_match import contains, exact_match, f1
 from harnessrl.plugins import load_function
 
 RewardFn = Callable[[str, Any], float]

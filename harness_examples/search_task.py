@@ -11,7 +11,7 @@ from pathlib import Path
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.bm25 import BM25Index
 from harnessrl.harness_examples.fictional_world import QA, Doc, generate_world
-from harnessrl.metrics import exact_match, f1
+from harnessrl.answer_match import exact_match, f1
 
 SEARCH_TOOL = {
     "type": "function",

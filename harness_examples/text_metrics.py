@@ -1,5 +1,5 @@
 """The answer a search harness reports: the last `<answer>` block, else the text without
-reasoning. Scoring itself is harnessrl.metrics (shared with the compiler's rewards)."""
+reasoning. Scoring itself is harnessrl.answer_match (shared with the compiler's rewards)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy import select
 
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call, unpack_ids, unpack_logprobs

@@ -12,9 +12,9 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.proxy.server import ProxyConfig, run_proxy
-from test_compiler_export import cli_in_process
+from test_compiler_pipeline import cli_in_process
 
 MSG = [{"role": "user", "content": "What is the capital of the river country?"}]
 REFUSED = [{"role": "robot", "content": "x"}]  # a role the proxy refuses (400) before the model runs

@@ -53,7 +53,7 @@ def test_compile_scores_both_record_shapes_alike(db_target, tiny_model_dir, tmp_
     import json
     import time
 
-    from test_compiler_export import Recorder, compile_
+    from test_compiler_pipeline import Recorder, compile_
     from transformers import AutoTokenizer
 
     from harnessrl.records import Call, pack_ids

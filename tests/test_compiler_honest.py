@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_compiler_export import Recorder, cli_in_process
+from test_compiler_pipeline import Recorder, cli_in_process
 
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.compiler.summary import summary_notes
 from harnessrl.db import open_db
 from harnessrl.errors import UserError

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from harnessrl.client import HarnessRL
 from harnessrl.compiler.response import parse_response
 from harnessrl.compiler.tokentext import TokenText
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.samples import ACTION
 from harnessrl.db import open_db
 from harnessrl.proxy.local_backend import LocalBackend

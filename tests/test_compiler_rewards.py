@@ -7,7 +7,7 @@ from harnessrl.compiler.response import ParsedCall
 from harnessrl.compiler.matchtir import call_rewards, match, similarity, similarity_matrix, turn_rewards
 from harnessrl.compiler.rewards import dispatch_ok, load_reward_fn, observed_results, tool_format
 from harnessrl.errors import UserError
-from harnessrl.metrics import contains, exact_match, f1, normalize_answer
+from harnessrl.answer_match import contains, exact_match, f1, normalize_answer
 
 pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
 

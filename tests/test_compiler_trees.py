@@ -21,7 +21,7 @@ def call(cid, seq, prompt, completion, key="agent:a", agent="a"):
 
 
 def path_mask(tree, path):
-    """loss mask of a path built the way export does: mask 1 on owned completions."""
+    """loss mask of a path built the way the pipeline does: mask 1 on owned completions."""
     leaf = tree.nodes[path.nodes[-1]].call
     mask = np.zeros(leaf.s_len, dtype=np.int8)
     for i, own in zip(path.nodes, path.trainable):

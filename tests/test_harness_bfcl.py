@@ -184,7 +184,7 @@ def test_matchtir_rewards_against_the_ground_truth(bfcl_rollout, tmp_path):
     assert len(rewards) == len(predicted) and all(0.0 <= r <= 1.0 for r in rewards)
 
     # The compiler turns the same records into PACT samples with MatchTIR turn rewards.
-    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.pipeline import CompileOptions, Compiler
 
     stats = Compiler(db, CompileOptions(out=tmp_path / "out", advantage="matchtir", process=("matchtir",))).run()["totals"]
     assert stats["rollouts"] == 1 and stats["calls"] == len(calls) and stats["failed"] == 0 and stats["samples"] >= 1

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.db import open_db
 from harnessrl.harness_examples.planner_worker import PlannerWorkerConfig, run_rollout
 from harnessrl.harness_examples.planner_worker.harness import SUMMARY_PROMPT

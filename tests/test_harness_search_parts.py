@@ -15,7 +15,7 @@ from harnessrl.harness_examples.fictional_world import generate_world
 from harnessrl.harness_examples.calculator import calculator
 from harnessrl.harness_examples.search_task import SearchEnv, export_tasks, load_search_tasks
 from harnessrl.harness_examples.text_metrics import extract_answer
-from harnessrl.metrics import exact_match, f1
+from harnessrl.answer_match import exact_match, f1
 
 
 def test_bm25_matches_hand_computation():

@@ -135,8 +135,8 @@ def test_the_package_keeps_the_contract():
      "harnessrl.trainer.capo:1 imports harnessrl.compiler.schema (trainer ↛ compiler)"),
     ("harnessrl.trainer.sft", "from ..compiler import tasks\n",
      "harnessrl.trainer.sft:1 imports harnessrl.compiler (trainer ↛ compiler)"),
-    ("harnessrl.compiler.export", "import importlib\nimportlib.import_module('harnessrl.trainer.run')\n",
-     "harnessrl.compiler.export:2 imports harnessrl.trainer.run (compiler ↛ trainer)"),
+    ("harnessrl.compiler.pipeline", "import importlib\nimportlib.import_module('harnessrl.trainer.run')\n",
+     "harnessrl.compiler.pipeline:2 imports harnessrl.trainer.run (compiler ↛ trainer)"),
     ("harnessrl.proxy.app", "from harnessrl.compiler import trees\n",
      "harnessrl.proxy.app:1 imports harnessrl.compiler (proxy ↛ compiler)"),
     ("harnessrl.harness_examples.chat", "from harnessrl.proxy.prefix import x\n",
@@ -158,7 +158,7 @@ def test_the_app_and_core_imports_that_are_allowed():
     assert violations("from harnessrl.trainer.run import train\nfrom harnessrl.proxy import server\n",
                       "harnessrl.app.loop") == []
     assert violations("from harnessrl.records import Call\nfrom harnessrl.errors import UserError\n",
-                      "harnessrl.compiler.export") == []
+                      "harnessrl.compiler.pipeline") == []
     assert violations("from harnessrl.client import HarnessRL\n", "harnessrl.harness_examples.chat") == []
     assert violations("from harnessrl.compiler.trees import build_forest\n", "harnessrl.viewer.rollout") == []
     assert violations("from harnessrl.viewer.app import create_viewer\n", "harnessrl.app.cli") == []

@@ -23,7 +23,7 @@ from harnessrl.app.cmd_harness import cmd_harness
 from harnessrl.app.executors import LocalExecutor, jobs_for, open_executor, settle
 from harnessrl.app.harnesses import TaskSource
 from harnessrl.client import HarnessRL
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

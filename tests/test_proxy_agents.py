@@ -139,7 +139,7 @@ def test_compile_trains_the_main_loop_when_the_title_call_came_first(backend, ti
     compile's default central agent is the main loop (the most calls), not the title side call."""
     import pyarrow.parquet as pq
 
-    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.pipeline import CompileOptions, Compiler
 
     db = str(tmp_path / "r.db")
     with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0), backend=backend) as proxy:

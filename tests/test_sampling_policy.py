@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

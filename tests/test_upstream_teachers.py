@@ -19,7 +19,7 @@ import trustme
 from sqlalchemy import select
 
 from harnessrl.client import HarnessRL
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

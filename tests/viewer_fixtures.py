@@ -203,7 +203,7 @@ def record_all(db: str, model_dir: Path) -> dict[str, str]:
 
 
 def compile_samples(db: str, out: Path) -> Path:
-    from harnessrl.compiler.export import CompileOptions, Compiler
+    from harnessrl.compiler.pipeline import CompileOptions, Compiler
 
     Compiler(db, CompileOptions(out=out, train_agents="all")).run()
     return out

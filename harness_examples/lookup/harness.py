@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from harnessrl.client import HarnessRL
 from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client, make_client, tool_loop
 from harnessrl.harness_examples.lookup.tasks import LOOKUP_TOOL, LookupTask
-from harnessrl.metrics import exact_match
+from harnessrl.answer_match import exact_match
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from harnessrl.client import HarnessRL
 from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client, make_client, tool_loop
 from harnessrl.harness_examples.toolbox.tasks import ASK_WORKER, ATTRIBUTES, TOOLS, ToolboxTask
-from harnessrl.metrics import exact_match
+from harnessrl.answer_match import exact_match
 
 
 @dataclass

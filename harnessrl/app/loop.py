@@ -36,7 +36,7 @@ from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, 
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
 from harnessrl.app.limited_run import RolloutFlags
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harnessrl.compiler.advantages import AdvantageConfig
-from harnessrl.compiler.export import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.samples import ACTION, ARGS, SAMPLE_SCHEMA
 from harnessrl.db import open_db
 from harnessrl.records import Call, Reward, Rollout, Task, pack_ids, pack_logprobs
