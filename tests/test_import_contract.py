@@ -1,8 +1,12 @@
 """The import contract: data flows one way, and each part sees only the core.
 
-Read from the real import graph of the installed package: every `import`/`from … import` in
-every module (top level or inside a function), `importlib.import_module("…")` with a literal name,
-and any `__import__` (forbidden outright). Layers (docs/architecture.md):
+Read from the real import graph of the source tree this file lives in (its pyproject.toml's
+package-dir map says which folder is which part), not of whatever `harnessrl` is installed: run
+from another checkout's venv, the installed package would be checked instead of the tree being
+edited, so the test first checks that the installed package is this tree. Every
+`import`/`from … import` in every module (top level or inside a function),
+`importlib.import_module("…")` with a literal name, and any `__import__` (forbidden outright).
+Layers (docs/architecture.md):
 
     core (harnessrl.*)        ↛ any part, the app
     proxy                     ↛ compiler, trainer, harness_examples, viewer, app
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -94,42 +100,77 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     return out
 
 
-def installed_modules() -> list[tuple[str, Path, bool]]:
-    """Every module of the installed package: (name, file, is_package), parts found where the
-    package maps them (setuptools package-dir), not by guessing folder names."""
-    out = []
-    from harnessrl.db import _script_location
+REPO = Path(__file__).resolve().parents[1]
 
-    roots = [(name, Path(importlib.util.find_spec(name).submodule_search_locations[0]))
-             for name in ("harnessrl", "harnessrl.app", *(f"harnessrl.{p}" for p in PARTS if p != "migrations"))]
-    roots.append(("harnessrl.migrations", Path(_script_location())))  # found by path, as the DB layer finds it
-    for name, root in roots:
+
+def package_dirs(repo: Path) -> dict[str, Path]:
+    """Each package's folder in `repo`, from its pyproject.toml (setuptools package-dir)."""
+    setup = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {name: repo / folder for name, folder in setup["package-dir"].items()}
+
+
+def tree_modules(repo: Path) -> list[tuple[str, Path, bool]]:
+    """Every module of the source tree: (name, file, is_package), each file named after the
+    deepest package folder that holds it (alembic/versions/x.py is harnessrl.migrations.versions.x)."""
+    named: dict[Path, tuple[str, Path, bool]] = {}
+    for name, root in sorted(package_dirs(repo).items(), key=lambda kv: len(kv[1].parts)):
         for file in sorted(root.rglob("*.py")):
             rel = file.relative_to(root).with_suffix("").parts
-            if name == "harnessrl" and rel[0] == "app":
-                continue  # walked as its own root
             is_package = rel[-1] == "__init__"
             parts = rel[:-1] if is_package else rel
-            out.append((".".join((name, *parts)), file, is_package))
-    return out
+            named[file] = (".".join((name, *parts)), file, is_package)
+    return sorted(named.values())
+
+
+def contract_violations(repo: Path) -> list[str]:
+    return [v for name, file, pkg in tree_modules(repo) for v in violations(file.read_text(), name, pkg)]
+
+
+def installed_folder(name: str) -> Path | None:
+    """Where the installed `name` is read from."""
+    if name.startswith("harnessrl.migrations"):
+        # alembic/ has no __init__.py: the DB layer finds it by path, so it is checked that way
+        from harnessrl.db import _script_location
+
+        return Path(_script_location(), *name.split(".")[2:]).resolve()
+    spec = importlib.util.find_spec(name)
+    return Path(spec.submodule_search_locations[0]).resolve() if spec else None
+
+
+def test_the_installed_package_is_this_tree():
+    for name, folder in package_dirs(REPO).items():
+        where = installed_folder(name)
+        assert where == folder.resolve(), (
+            f"`{name}` is imported from {where}, not from this checkout ({folder}): the tests would run "
+            f"another tree's code. Run them with this checkout's venv, or `pip install -e {REPO}`.")
 
 
 def test_the_package_keeps_the_contract():
-    modules = installed_modules()
-    names = {m for m, _, _ in modules}
+    names = {m for m, _, _ in tree_modules(REPO)}
     # the walk really covers every layer (an empty walk would pass vacuously)
     for expected in ("harnessrl.records", "harnessrl.proxy.server", "harnessrl.compiler.trees",
                      "harnessrl.trainer.losses", "harnessrl.harness_examples.chat", "harnessrl.app.loop",
-                     "harnessrl.viewer.app"):
+                     "harnessrl.viewer.app", "harnessrl.migrations.env"):
         assert expected in names
-    found = [v for name, file, pkg in modules for v in violations(file.read_text(), name, pkg)]
+    found = contract_violations(REPO)
     assert not found, "import contract broken:\n" + "\n".join(found)
+
+
+def test_a_forbidden_import_in_a_copy_of_the_tree_is_caught(tmp_path):
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    for folder in {f.relative_to(REPO).parts[0] for f in package_dirs(REPO).values()}:
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    trees = tmp_path / "compiler" / "trees.py"
+    trees.write_text(trees.read_text() + "\n\ndef _f():\n    from harnessrl.trainer import run\n")
+    line = len(trees.read_text().splitlines())
+    assert contract_violations(tmp_path) == [
+        f"harnessrl.compiler.trees:{line} imports harnessrl.trainer (compiler ↛ trainer)"]
 
 
 @pytest.mark.parametrize("module, source, expected", [
     # the violations this contract was written against
-    ("harnessrl.tiny_model", "def f():\n    from harnessrl.proxy.toolparse import parse_hermes\n",
-     "harnessrl.tiny_model:2 imports harnessrl.proxy.toolparse (core ↛ proxy)"),
+    ("harnessrl.tiny_model", "def f():\n    from harnessrl.proxy.routes.hermes_tools import parse_hermes\n",
+     "harnessrl.tiny_model:2 imports harnessrl.proxy.routes.hermes_tools (core ↛ proxy)"),
     ("harnessrl.records", "import harnessrl.app.loop\n", "harnessrl.records:1 imports harnessrl.app.loop (core ↛ app)"),
     ("harnessrl.trainer.capo", "from harnessrl.compiler.schema import ACTION\n",
      "harnessrl.trainer.capo:1 imports harnessrl.compiler.schema (trainer ↛ compiler)"),
@@ -139,8 +180,8 @@ def test_the_package_keeps_the_contract():
      "harnessrl.compiler.pipeline:2 imports harnessrl.trainer.run (compiler ↛ trainer)"),
     ("harnessrl.proxy.app", "from harnessrl.compiler import trees\n",
      "harnessrl.proxy.app:1 imports harnessrl.compiler (proxy ↛ compiler)"),
-    ("harnessrl.harness_examples.chat", "from harnessrl.proxy.prefix import x\n",
-     "harnessrl.harness_examples.chat:1 imports harnessrl.proxy.prefix (harness_examples ↛ proxy)"),
+    ("harnessrl.harness_examples.chat", "from harnessrl.proxy.prefix.prompts import x\n",
+     "harnessrl.harness_examples.chat:1 imports harnessrl.proxy.prefix.prompts (harness_examples ↛ proxy)"),
     ("harnessrl.viewer.app", "from harnessrl.proxy.server import run_proxy\n",
      "harnessrl.viewer.app:1 imports harnessrl.proxy.server (viewer ↛ proxy)"),
     ("harnessrl.proxy.app", "from harnessrl.viewer.app import create_viewer\n",
