@@ -1,6 +1,6 @@
 """A long records-DB outage under load: PostgreSQL unreachable for `outage_s` seconds while
 clients keep calling, then back. Every call answered 503 meanwhile must end up in the DB as a
-failed call (the failed-call journal, `proxy/spill.py`); every acknowledged call as ok.
+failed call (the failed-call journal, `proxy/record/failed_call_journal.py`); every acknowledged call as ok.
 
     python bench/fault_db_outage.py [--outage 15] [--clients 24] [--pg postgresql+psycopg://postgres@127.0.0.1:5432/test]
 

@@ -12,7 +12,7 @@ import argparse
 
 import uvicorn
 
-from harnessrl.proxy.httpclient import Pool
+from harnessrl.proxy.upstream.http_pool import Pool
 
 
 def forwarder(upstream: str):

@@ -61,7 +61,7 @@ BODY = {"model": "standin", "messages": [{"role": "system", "content": "You are 
 
 
 async def _load(url: str, clients: int, duration: float, stream: bool) -> tuple[list[float], int]:
-    from harnessrl.proxy.httpclient import Pool
+    from harnessrl.proxy.upstream.http_pool import Pool
 
     pool = Pool(url, timeout=60)
     body = orjson.dumps({**BODY, "stream": stream})

@@ -24,8 +24,8 @@ _PROMPT = " ".join(["the river country keeps its capital where the two old roads
 
 def _run(db: str, calls: int, random_ids: bool) -> tuple[float, float]:
     from harnessrl.db import open_db
-    from harnessrl.proxy.callrows import new_call_id
-    from harnessrl.proxy.recorder import CallRecord, Recorder
+    from harnessrl.proxy.record.call_rows import new_call_id
+    from harnessrl.proxy.record.recorder import CallRecord, Recorder
     from harnessrl.records import UNASSIGNED_ROLLOUT, pack_ids, pack_logprobs
 
     engine, _ = open_db(db)

@@ -1,6 +1,6 @@
 """The proxy's upstream pool on its own: calls/s and CPU per call over plain HTTP and over TLS
 (a CA made with trustme) to a minimal uvicorn app, in one run; with `--compare FILE` also an
-older `proxy/httpclient.py` (e.g. from `git worktree add /tmp/old <rev>`) on plain HTTP, runs
+older `proxy/upstream/http_pool.py` (e.g. from `git worktree add /tmp/old <rev>`) on plain HTTP, runs
 interleaved, to check that the plain-HTTP fast path kept its speed.
 
     python bench/upstream_pool.py [--calls 3000] [--concurrency 32] [--repeats 4] [--compare OLD.py]
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=4)
-    ap.add_argument("--compare", type=Path, help="an older proxy/httpclient.py to run on plain HTTP too")
+    ap.add_argument("--compare", type=Path, help="an older proxy/upstream/http_pool.py to run on plain HTTP too")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp())
     ca = trustme.CA()
@@ -80,7 +80,7 @@ def main() -> None:
     cert.private_key_pem.write_to_path(str(d / "key.pem"))
     cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
     plain, tls = _serve(), _serve(ssl_certfile=str(d / "cert.pem"), ssl_keyfile=str(d / "key.pem"))
-    now = _module(ROOT / "proxy" / "httpclient.py", "pool_now")
+    now = _module(ROOT / "proxy" / "upstream" / "http_pool.py", "pool_now")
     cases = {"plain HTTP": (now, plain, None), "TLS": (now, tls, str(d / "ca.pem"))}
     if args.compare:
         cases["plain HTTP, --compare"] = (_module(args.compare, "pool_old"), plain, None)

@@ -33,7 +33,7 @@ from proxy_overhead import BODY, _count_calls, _cpu_s, _pct  # noqa: E402
 
 
 async def _load(url: str, clients: int, duration: float, sessions: int) -> tuple[list[float], int]:
-    from harnessrl.proxy.httpclient import Pool
+    from harnessrl.proxy.upstream.http_pool import Pool
 
     pool = Pool(url, timeout=60)
     body = orjson.dumps(BODY)

@@ -27,43 +27,43 @@ from starlette.responses import Response
 
 from harnessrl.db import open_db
 from harnessrl.sampling_policy import load_policy
-from harnessrl.proxy.anthropic_wire import MESSAGES
-from harnessrl.proxy.api_bodies import CreateRollout, FinishIn, RewardIn, WeightsIn
-from harnessrl.proxy.backend import TokenBackend
-from harnessrl.proxy.callrows import new_call_id
+from harnessrl.proxy.surfaces.anthropic.wire import MESSAGES
+from harnessrl.proxy.rollouts.bodies import CreateRollout, FinishIn, RewardIn, WeightsIn
+from harnessrl.proxy.routes.token_backend import TokenBackend
+from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.config import ProxyConfig
-from harnessrl.proxy.embeddings import EMBEDDINGS
+from harnessrl.proxy.surfaces.embeddings import EMBEDDINGS
 from harnessrl.proxy.errors import ProxyError, bad_request, database_unavailable, error_body, error_response
-from harnessrl.proxy.httpclient import Pool, UpstreamConnectionError, credential_headers
+from harnessrl.proxy.upstream.http_pool import Pool, UpstreamConnectionError, credential_headers
 from harnessrl.proxy.identity import check_auth, check_id, check_labels, identify, reader_scope
 from harnessrl.proxy.limits import Guard, check_metadata, read_body
 from harnessrl.proxy.logs import call_id as current_call
-from harnessrl.proxy.metrics import ProxyMetrics
-from harnessrl.proxy.openai_wire import CHAT_COMPLETIONS, COMPLETIONS
-from harnessrl.proxy.prefix import Prompter
+from harnessrl.proxy.prometheus import ProxyMetrics
+from harnessrl.proxy.surfaces.openai_chat import CHAT_COMPLETIONS, COMPLETIONS
+from harnessrl.proxy.prefix.prompts import Prompter
 from harnessrl.proxy.probes import add_probes
 from harnessrl.proxy.protocol import Route
-from harnessrl.proxy.recorder import Recorder
-from harnessrl.proxy.spill import default_dir
+from harnessrl.proxy.record.recorder import Recorder
+from harnessrl.proxy.record.failed_call_journal import default_dir
 from harnessrl.proxy.refusals import internal_error, refuse, user_agent
-from harnessrl.proxy.responses_wire import RESPONSES
-from harnessrl.proxy.responses_ws import ResponsesSocket
-from harnessrl.proxy.rollouts import Rollouts, rollout_json
+from harnessrl.proxy.surfaces.responses.wire import RESPONSES
+from harnessrl.proxy.surfaces.responses.websocket import ResponsesSocket
+from harnessrl.proxy.rollouts.store import Rollouts, rollout_json
 from harnessrl.proxy.sampling import enforce
-from harnessrl.proxy.status import RolloutStatus
-from harnessrl.proxy.route_passthrough import PassThroughRoute
-from harnessrl.proxy.route_tokens import TokenRoute
+from harnessrl.proxy.rollouts.status import RolloutStatus
+from harnessrl.proxy.routes.passthrough import PassThroughRoute
+from harnessrl.proxy.routes.tokens import TokenRoute
 from harnessrl.proxy.serving import Adapter, Serving
-from harnessrl.proxy.stored_responses import StoredCalls
-from harnessrl.proxy.surface_routes import add_surface_routes
-from harnessrl.proxy.surface_tools import strict
-from harnessrl.proxy.route_text import TextOnlyRoute
-from harnessrl.proxy.upstream_anthropic import ANTHROPIC_DIALECT
-from harnessrl.proxy.upstream_responses import RESPONSES_DIALECT
-from harnessrl.proxy.upstream_tokens import UpstreamTokens
-from harnessrl.proxy.upstreams_life import start_upstreams, stop_upstreams
-from harnessrl.proxy.volatile import Volatile
-from harnessrl.proxy.weights_drain import push_all
+from harnessrl.proxy.surfaces.responses.stored import StoredCalls
+from harnessrl.proxy.surfaces.non_model_routes import add_surface_routes
+from harnessrl.proxy.surfaces.hosted_tools import strict
+from harnessrl.proxy.routes.text import TextOnlyRoute
+from harnessrl.proxy.upstream.anthropic import ANTHROPIC_DIALECT
+from harnessrl.proxy.upstream.openai_responses import RESPONSES_DIALECT
+from harnessrl.proxy.upstream.vllm_tokens import UpstreamTokens
+from harnessrl.proxy.upstream.ring_life import start_upstreams, stop_upstreams
+from harnessrl.proxy.prefix.volatile import Volatile
+from harnessrl.proxy.upstream.weight_push import push_all
 from harnessrl.proxy.validate import parse_json
 
 GC_GEN0 = 20_000
@@ -343,13 +343,13 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
 
 class ProxyApp:
     """The ASGI app: POSTs to an adapter's path go straight to the hot-path handler (skipping
-    FastAPI's middleware and routing layers), a WebSocket to /v1/responses to `responses_ws` (which
+    FastAPI's middleware and routing layers), a WebSocket to /v1/responses to `surfaces.responses.websocket` (which
     serves each call through the same handler); everything else, lifespan included, to FastAPI."""
 
     def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...], guard: Guard,
                  ws: ResponsesSocket | None = None) -> None:
         self.api = api
-        self._ws = ws  # the Responses WebSocket transport (`responses_ws`)
+        self._ws = ws  # the Responses WebSocket transport (`surfaces.responses.websocket`)
         self._guard = guard  # `api` behind the key and body-size checks
         self._hot = hot
         self._adapters = {a.path: a for a in adapters}

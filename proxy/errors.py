@@ -10,7 +10,7 @@ import logging
 import orjson
 from starlette.responses import Response
 
-from harnessrl.proxy.httpclient import UpstreamConnectionError
+from harnessrl.proxy.upstream.http_pool import UpstreamConnectionError
 
 log = logging.getLogger("harnessrl.proxy")
 

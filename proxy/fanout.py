@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from harnessrl.proxy.callrows import new_call_id
+from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, bad_request, error_response
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Delta, Request, Result
-from harnessrl.proxy.recorder import CallRecord
-from harnessrl.proxy.turns import Turn
+from harnessrl.proxy.record.recorder import CallRecord
+from harnessrl.proxy.prefix.index import Turn
 
 if TYPE_CHECKING:
     from harnessrl.proxy.serving import Serving, Wire

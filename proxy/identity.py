@@ -22,7 +22,7 @@ from typing import Any
 from harnessrl.messages import content_text
 from harnessrl.records import UNASSIGNED_ROLLOUT
 from harnessrl.proxy.errors import ProxyError, bad_request
-from harnessrl.proxy.volatile import Volatile
+from harnessrl.proxy.prefix.volatile import Volatile
 
 KEY_PREFIX = "hrl-"
 # the column sizes (harnessrl.records)
@@ -98,7 +98,7 @@ def reader_scope(ident: Identity, headers, api_key: str | None) -> str | None:
     """The rollout whose stored responses a request may read and continue: its own (`unassigned`
     when it names none); None, any rollout, for the operator — the proxy's own key, sent as
     itself (not inside an `hrl-` key) by a request that names no rollout. An id from another
-    rollout is then answered as one that does not exist (`stored_responses`)."""
+    rollout is then answered as one that does not exist (`surfaces.responses.stored`)."""
     if api_key is None or ident.rollout != UNASSIGNED_ROLLOUT:
         return ident.rollout
     token = bearer(headers) or ""

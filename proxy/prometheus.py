@@ -63,7 +63,7 @@ class ProxyMetrics:
         self._queue = Gauge("harnessrl_recorder_queue", "Calls waiting to be committed", registry=r)
         self._prefix = Gauge("harnessrl_prefix_index_bytes", "Memory held by the prefix index (its estimate)",
                              registry=r)
-        # the failed-call journal (`spill.py`): rows and bytes waiting for the DB; calls turned
+        # the failed-call journal (`record/failed_call_journal.py`): rows and bytes waiting for the DB; calls turned
         # away while it is full; rows lost (the journal could not be written) or refused by the DB
         self._spill_rows = Gauge("harnessrl_spill_rows", "Failed calls in the journal, waiting for the records DB",
                                  registry=r)

@@ -4,7 +4,7 @@ A call is an OpenAI Chat Completions request (or a legacy Completions one) — t
 other API surface (Responses, Anthropic Messages) can be translated to and from, and the shape
 the records hold. A `Route` turns a `Request` into a `Result` (or, streaming, into batches of
 `Delta`s followed by the `Result`); it knows nothing about the wire format the harness speaks.
-An adapter renders deltas and results in its own wire format (`openai_wire` for OpenAI).
+An adapter renders deltas and results in its own wire format (`surfaces.openai_chat` for OpenAI).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from harnessrl.proxy.prefix import Turn
+from harnessrl.proxy.prefix.prompts import Turn
 
 
 @dataclass(slots=True)
@@ -27,7 +27,7 @@ class Request:
     # another API surface's own request ({api, body, headers}): recorded beside the chat body
     # (under "harnessrl_surface"), never forwarded
     surface: dict[str, Any] | None = None
-    # several upstreams: the session's `upstreams.Lease` (Pool's request/stream) the route forwards
+    # several upstreams: the session's `upstream.ring.Lease` (Pool's request/stream) the route forwards
     # with; None: the route's own pool
     upstream: Any = None
     # recorded beside the body, never forwarded ("harnessrl_upstream", "harnessrl_sampling")

@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from harnessrl.proxy.callrows import CallRecord, new_call_id
+from harnessrl.proxy.record.call_rows import CallRecord, new_call_id
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.logs import call_id as current_call

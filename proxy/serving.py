@@ -22,15 +22,15 @@ from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity, unnamed_agent
 from harnessrl.proxy.protocol import Delta, Progress, Prompt, Request, Result, Route
-from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder, RolloutFinished
-from harnessrl.proxy.status import RolloutStatus, finished
-from harnessrl.proxy.turns import PrefixIndex, Turn
-from harnessrl.proxy.volatile import Volatile
+from harnessrl.proxy.record.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder, RolloutFinished
+from harnessrl.proxy.rollouts.status import RolloutStatus, finished
+from harnessrl.proxy.prefix.index import PrefixIndex, Turn
+from harnessrl.proxy.prefix.volatile import Volatile
 from harnessrl.records import pack_ids, pack_logprobs
 
 
 class Wire(Protocol):
-    """An adapter's output side for one call (see `openai_wire`)."""
+    """An adapter's output side for one call (see `surfaces.openai_chat`)."""
 
     def response(self, result: Result) -> dict: ...
 
@@ -54,7 +54,7 @@ class Adapter:
     # how this surface answers an error, also one raised before its request is read (bad JSON, auth)
     error: Callable[..., Response] = error_response  # (error, headers=None)
     # a step that needs the records DB (Responses' previous_response_id): (request, fetch) ->
-    # request, where `await fetch(call_id)` is a recorded call (`stored_responses.load`) or None
+    # request, where `await fetch(call_id)` is a recorded call (`surfaces.responses.stored.load`) or None
     resolve: Callable[[Request, Callable[[str], Awaitable[dict | None]]], Awaitable[Request]] | None = None
     headers: tuple[str, ...] = ()  # request headers recorded with the call (in `Request.surface`)
     surface: str = ""  # recorded as `calls.surface`; "": the path's first segment (chat, responses, ...)
@@ -74,7 +74,7 @@ log = logging.getLogger("harnessrl.proxy.calls")
 
 class Serving:
     """One route behind any number of API adapters; owns the in-memory prefix index.
-    `statuses` learns of rollouts found finished at commit; `metrics` (`metrics.ProxyMetrics`)
+    `statuses` learns of rollouts found finished at commit; `metrics` (`prometheus.ProxyMetrics`)
     counts every call once it is answered."""
 
     def __init__(self, route: Route, recorder: Recorder, statuses: RolloutStatus | None = None,
@@ -97,7 +97,7 @@ class Serving:
         if ident.agent is None and ident.session is None and req.chat:
             ident = unnamed_agent(ident, req.body, self.volatile)
         if req.endpoint == "embeddings":
-            from harnessrl.proxy.embeddings import serve_embeddings
+            from harnessrl.proxy.surfaces.embeddings import serve_embeddings
 
             return await serve_embeddings(self, req, ident, call_id)
         if req.best_of > 1:
@@ -134,7 +134,7 @@ class Serving:
     def _extends(self, req: Request, ident: Identity, rec: CallRecord) -> tuple[Turn | None, Request]:
         """The earlier call this one extends, and the request the route runs: the harness's, or,
         where some of its messages differ from that call's only in volatile spans, one with those
-        messages as the model saw them then (`volatile.py`); the record keeps the harness's text
+        messages as the model saw them then (`prefix/volatile.py`); the record keeps the harness's text
         and notes the spans held."""
         turn, held = self.index.match(_key(ident), req.messages, req.tools, self.volatile if self.hold else None)
         if turn is None or not held:

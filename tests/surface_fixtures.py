@@ -38,7 +38,7 @@ class Target:
 def serve_target(name: str, tmp_dir, tiny_model_dir, upstream, tokenizer_dir, api_key: str | None = None):
     db = str(tmp_dir / f"{name}.db")
     if name == "local":
-        from harnessrl.proxy.local_backend import LocalBackend
+        from harnessrl.proxy.local.backend import LocalBackend
 
         backend = LocalBackend(tiny_model_dir, seed=0)
         try:

@@ -62,11 +62,11 @@ def test_ab_bench_imports_the_base_tree_it_assembles(monkeypatch, tmp_path):
     spec.loader.exec_module(module)
     tree = Path(__file__).resolve().parents[1]
     shim = module.package_tree(tree, tmp_path / "pkg")
-    code = ("import harnessrl.proxy.recorder as r, harnessrl.migrations.versions as v, harnessrl.records as m; "
+    code = ("import harnessrl.proxy.record.recorder as r, harnessrl.migrations.versions as v, harnessrl.records as m; "
             "print(r.__file__); print(v.__path__[0]); print(m.__file__)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(shim)}, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out == [str(shim / "harnessrl" / "proxy" / "recorder.py"),
+    assert out == [str(shim / "harnessrl" / "proxy" / "record" / "recorder.py"),
                    str(shim / "harnessrl" / "migrations" / "versions"),
                    str(shim / "harnessrl" / "records.py")]
-    assert Path(out[0]).resolve() == tree / "proxy" / "recorder.py"
+    assert Path(out[0]).resolve() == tree / "proxy" / "record" / "recorder.py"

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.db import open_db
-from harnessrl.proxy.callrows import new_call_id
+from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call
 

@@ -1,6 +1,6 @@
 """A turn with one valid tool call and one that does not parse scores the same whichever server
 recorded it: vLLM's hermes parser (any broken block → the whole text is content, no tool_calls) or
-the proxy's own (`toolparse.parse_hermes`: the valid block becomes a tool call, the broken one stays
+the proxy's own (`routes.hermes_tools.parse_hermes`: the valid block becomes a tool call, the broken one stays
 in the content). Both must count 1 valid of 2 attempted: `tool_format` 0.5 and MATPO's rate 1/2."""
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from harnessrl.compiler import advantages as adv
 from harnessrl.compiler.response import parse_response
 from harnessrl.compiler.rewards import call_valid, tool_format
-from harnessrl.proxy.toolparse import parse_hermes
+from harnessrl.proxy.routes.hermes_tools import parse_hermes
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]

@@ -19,7 +19,7 @@ from harnessrl.compiler.tokentext import TokenText
 from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.samples import ACTION
 from harnessrl.db import open_db
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call, unpack_ids, unpack_logprobs
 

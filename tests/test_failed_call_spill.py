@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.db import open_db
-from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, Recorder, RolloutBusy
+from harnessrl.proxy.record.recorder import CallRecord, DatabaseUnavailable, Recorder, RolloutBusy
 from harnessrl.records import UNASSIGNED_ROLLOUT, Call, Rollout
 from test_proxy_db_loss import Forwarder
 
@@ -239,7 +239,7 @@ def test_a_full_journal_turns_new_calls_away_and_drops_none(upstream, pg_url, tm
 
 
 def test_journal_location_is_keyed_by_the_db_without_its_password(tmp_path, monkeypatch):
-    from harnessrl.proxy.spill import default_dir
+    from harnessrl.proxy.record.failed_call_journal import default_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert default_dir(f"sqlite:///{tmp_path}/runs.db") == tmp_path / "runs.db-spill"
@@ -256,7 +256,7 @@ def test_a_journal_left_by_a_dead_proxy_is_adopted_without_its_cut_last_line(tmp
     next proxy takes the whole lines over and skips the cut one; a live proxy's journal is left alone."""
     import fcntl
 
-    from harnessrl.proxy.spill import Spill
+    from harnessrl.proxy.record.failed_call_journal import Spill
 
     dead = Spill(tmp_path)
     dead.append([_rec(1), _rec(2)])

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from harnessrl.errors import UserError
-from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
+from harnessrl.proxy.routes.token_backend import Completion, SamplingParams, TokenDelta
 from harnessrl.proxy.errors import BackendRejected
-from harnessrl.proxy.local_backend import LocalBackend
-from harnessrl.proxy.toolparse import parse_hermes
+from harnessrl.proxy.local.backend import LocalBackend
+from harnessrl.proxy.routes.hermes_tools import parse_hermes
 from harnessrl.tiny_model import DEFAULT_TOOL
 
 LOOKUP = {"type": "function", "function": {

@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from harnessrl.proxy.turns import PrefixIndex, Turn
+from harnessrl.proxy.prefix.index import PrefixIndex, Turn
 
 EOS = frozenset({2})
 

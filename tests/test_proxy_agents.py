@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from harnessrl.client import HarnessRL
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.tiny_model import DEFAULT_TOOL
 from surface_fixtures import Target, assert_extends, calls, compile_rollouts
@@ -104,7 +104,7 @@ def test_explicit_identity_wins(backend, tiny_model_dir, tmp_path):
 
 
 def _fp(system: str) -> str:
-    from harnessrl.proxy.volatile import Volatile
+    from harnessrl.proxy.prefix.volatile import Volatile
 
     return Volatile().fingerprint(system)
 

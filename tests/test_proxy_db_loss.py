@@ -230,7 +230,7 @@ def test_database_away_for_seconds_gives_fast_503_then_recovers(upstream, pg_url
 def test_recorder_health_follows_the_connection(pg_url):
     """The writer's state as readiness will report it: ok → reconnecting (calls fail with
     DatabaseUnavailable, at once) → ok, and the failed call is written once the DB is back."""
-    from harnessrl.proxy.recorder import CallRecord, DatabaseUnavailable, Recorder
+    from harnessrl.proxy.record.recorder import CallRecord, DatabaseUnavailable, Recorder
     from harnessrl.records import UNASSIGNED_ROLLOUT
 
     u = urlsplit(pg_url)

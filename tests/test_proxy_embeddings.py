@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from harnessrl.app.cli import app as cli_app
 from harnessrl.client import HarnessRL
 from harnessrl.db import open_db
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call
 

@@ -110,7 +110,7 @@ def test_prompts_tokenized_at_once_on_several_threads_each_get_their_own_ids(ups
     from transformers import AutoTokenizer
 
     from harnessrl.db import open_db
-    from harnessrl.proxy.prefix import Prompter
+    from harnessrl.proxy.prefix.prompts import Prompter
     from harnessrl.records import Call, unpack_ids
 
     db = str(tmp_path / "runs.db")

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
-from harnessrl.proxy.upstream import Extract, checked
+from harnessrl.proxy.upstream.vllm_wire import Extract, checked
 from harnessrl.records import Call
 
 # well-formed messages a strict chat template refuses (as Llama's and Mistral's do with

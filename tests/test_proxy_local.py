@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.db import open_db
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import Call, unpack_ids, unpack_logprobs
 from harnessrl.tiny_model import DEFAULT_TOOL

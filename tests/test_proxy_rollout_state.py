@@ -16,9 +16,9 @@ from sqlalchemy import select
 
 from harnessrl.client import HarnessRL
 from harnessrl.db import open_db
-from harnessrl.proxy.rollouts import Rollouts
+from harnessrl.proxy.rollouts.store import Rollouts
 from harnessrl.proxy.server import ProxyConfig, run_proxy
-from harnessrl.proxy.status import RolloutStatus
+from harnessrl.proxy.rollouts.status import RolloutStatus
 from harnessrl.records import Call, Rollout
 
 MSG = [{"role": "user", "content": "hello"}]

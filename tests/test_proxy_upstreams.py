@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from harnessrl.db import open_db
 from harnessrl.proxy.server import ProxyConfig, run_proxy
-from harnessrl.proxy.upstreams import ring_order
+from harnessrl.proxy.upstream.ring import ring_order
 from harnessrl.records import Call
 from vllm_standin import create_app, run_standin
 

@@ -15,10 +15,10 @@ import anthropic
 import pytest
 
 from harnessrl.errors import UserError
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
-from harnessrl.proxy.turns import PrefixIndex, Turn
-from harnessrl.proxy.volatile import Volatile
+from harnessrl.proxy.prefix.index import PrefixIndex, Turn
+from harnessrl.proxy.prefix.volatile import Volatile
 from harnessrl.records import unpack_ids
 from surface_fixtures import Target, assert_extends, assert_merged, calls, compile_rollouts
 

@@ -22,9 +22,9 @@ import pytest
 from sqlalchemy import func, select
 
 from harnessrl.db import open_db
-from harnessrl.proxy.callrows import new_call_id
-from harnessrl.proxy.inline_commit import CHECKPOINT_CALLS, MAX_SKIP
-from harnessrl.proxy.recorder import CallRecord, Recorder
+from harnessrl.proxy.record.call_rows import new_call_id
+from harnessrl.proxy.record.inline_commit import CHECKPOINT_CALLS, MAX_SKIP
+from harnessrl.proxy.record.recorder import CallRecord, Recorder
 from harnessrl.records import UNASSIGNED_ROLLOUT, Call
 
 pytestmark = pytest.mark.unit

@@ -255,7 +255,7 @@ CONTENTS = ["plain text", "<think>\nweigh it\n</think>\n\nThe answer.", "<think>
 @pytest.mark.parametrize("content", CONTENTS)
 def test_a_streamed_answer_splits_into_the_blocks_of_the_whole(content):
     from harnessrl.proxy.protocol import Delta, Result
-    from harnessrl.proxy.surface_blocks import BlockStream, blocks_of, join_think, split_think
+    from harnessrl.proxy.surfaces.blocks import BlockStream, blocks_of, join_think, split_think
 
     calls_ = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
     whole = blocks_of(Result(text=content or None, finish_reason="tool_calls", usage=None,
@@ -276,7 +276,7 @@ def test_a_streamed_answer_splits_into_the_blocks_of_the_whole(content):
 
 @pytest.mark.unit
 def test_a_run_of_assistant_items_is_one_chat_message():
-    from harnessrl.proxy.responses_request import to_request
+    from harnessrl.proxy.surfaces.responses.request import to_request
 
     req = to_request({"model": "m", "instructions": "sys", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "q"}]},

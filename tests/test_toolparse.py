@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
+from harnessrl.proxy.routes.hermes_tools import parse_hermes, streamable_prefix
 
 pytestmark = pytest.mark.unit  # no server, database or training: also run on Python 3.12 in CI
 

@@ -20,7 +20,7 @@ from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import make_client, tool_loop
 from harnessrl.harness_examples.lookup.tasks import LOOKUP_TOOL, generate
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import ExpertTrace, Task
 from harnessrl.tasks_file import read_tasks

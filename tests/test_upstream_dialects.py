@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
-from harnessrl.proxy.upstream_anthropic import _Assembler, from_message, to_messages_request
+from harnessrl.proxy.upstream.anthropic import _Assembler, from_message, to_messages_request
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look up a key.",
                                            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]
@@ -96,7 +96,7 @@ def test_anthropic_stream_to_deltas_and_result():
 
 @pytest.mark.unit
 def test_chat_to_responses_request_and_back():
-    from harnessrl.proxy.upstream_responses import from_response, to_responses_request
+    from harnessrl.proxy.upstream.openai_responses import from_response, to_responses_request
 
     body = {"model": "gpt-x", "max_tokens": 30, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "lookup"}},
             "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},

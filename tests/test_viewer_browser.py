@@ -21,7 +21,7 @@ from viewer_fixtures import (HARNESS, ONERROR, PAYLOAD, RATE_LIMITED, SCRIPT, co
                              record_all, serve)
 
 from harnessrl.client import HarnessRL
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.viewer.app import create_viewer, standalone
 

@@ -76,7 +76,7 @@ def test_refused_malformed_bodies_show_as_sent(tiny_model_dir, tmp_path):
     requests: messages that are no list, tools that are a string, tool calls without a
     function, a body that was no JSON object. Each shows (as JSON text), with its reason."""
     from harnessrl.client import HarnessRL
-    from harnessrl.proxy.local_backend import LocalBackend
+    from harnessrl.proxy.local.backend import LocalBackend
     from harnessrl.proxy.server import ProxyConfig, run_proxy
 
     db = str(tmp_path / "runs.db")

@@ -19,7 +19,7 @@ from asgi_thread import serve_in_thread
 
 from harnessrl.client import HarnessRL
 from harnessrl.db import open_db
-from harnessrl.proxy.local_backend import LocalBackend
+from harnessrl.proxy.local.backend import LocalBackend
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import TEXT_ONLY, Call, Reward, Rollout, pack_ids, pack_logprobs
 

@@ -173,7 +173,7 @@ class StandIn:
         finish = "stop"
         if len(ids) > max_tokens:
             ids, lps, finish = ids[:max_tokens], lps[:max_tokens], "length"
-        from harnessrl.proxy.toolparse import parse_hermes
+        from harnessrl.proxy.routes.hermes_tools import parse_hermes
 
         full = self.text(ids, skip_special=False)
         content, calls = parse_hermes(full) if tools else (full, [])

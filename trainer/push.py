@@ -2,7 +2,7 @@
 
 - `save_checkpoint`: a fresh directory per version (full model or LoRA adapter, tokenizer included).
 - Push to the proxy: `POST /harnessrl/weights {path, version, lora}`; the proxy reloads its local
-  backend (or, with several upstreams, drains and reloads each vLLM: `proxy/weights_drain.py`),
+  backend (or, with several upstreams, drains and reloads each vLLM: `proxy/upstream/weight_push.py`),
   writes the weight_versions row, and later calls record the new version.
 - Push to vLLM: full weights by `POST /collective_rpc {"method": "reload_weights", "kwargs":
   {"weights_path": DIR}}` (server in dev mode) then `POST /reset_prefix_cache`; LoRA by

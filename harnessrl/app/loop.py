@@ -283,7 +283,7 @@ def _fail_interrupted(url: str, r: int, attempt: int) -> None:
 def _proxy_config(cfg: LoopConfig, db: str, state: LoopState, host: str) -> ProxyConfig:
     """The local backend, or the vLLM upstream in prefix mode (the proxy's own prompt ids, sent
     under the name vLLM serves) through an upstreams file of one URL, so that each round's push
-    drains it and reloads it from the checkpoint directory (proxy/weights_drain.py). It listens on
+    drains it and reloads it from the checkpoint directory (proxy/upstream/weight_push.py). It listens on
     `host`: the executor's, an address where the rollouts reach it (a Ray node's, for Ray)."""
     if cfg.upstream is None:
         return ProxyConfig(db=db, backend="local", model=state.model, seed=cfg.seed, port=0, host=host)

@@ -20,7 +20,7 @@ from typing import Any
 
 from harnessrl.errors import UserError
 from harnessrl.proxy.errors import BackendRejected
-from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
+from harnessrl.proxy.routes.token_backend import Completion, SamplingParams, TokenDelta
 
 # below this temperature sampling is greedy: dividing logits by a subnormal one overflows to inf (as vLLM)
 GREEDY_BELOW = 1e-5

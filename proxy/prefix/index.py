@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from harnessrl.messages import content_text
-from harnessrl.proxy.volatile import Volatile
+from harnessrl.proxy.prefix.volatile import Volatile
 
 _TURN_OVERHEAD = 400  # the Turn, its array and deque slot, beyond what _deep_size counts
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.messages import content_text
-from harnessrl.proxy.turns import Turn
+from harnessrl.proxy.prefix.index import Turn
 
 
 def for_template(messages: list[dict]) -> list[dict]:

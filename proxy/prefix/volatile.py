@@ -6,7 +6,7 @@ cc_entrypoint=…; cch=5ae77;`). A prompt that differs from the earlier call in 
 no extension of it, so without help every turn of such a session is a new root (and a separate
 sample of the whole ~40k-token context). Within a session, a message that differs from the
 earlier call's only inside volatile spans is sent to the model as the earlier call had it (the
-prefix index, `turns.py`; serving, `Serving._extends`): the prompt is then an exact extension,
+prefix index, `prefix/index.py`; serving, `Serving._extends`): the prompt is then an exact extension,
 training sees exactly what the model saw, and the record keeps the harness's own text with the
 spans that were held. The same masking makes agent fingerprints (`identity.unnamed_agent`)
 stable across one session's calls. docs/methods.md §2.

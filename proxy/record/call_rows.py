@@ -73,7 +73,7 @@ def _record_class() -> type:
         else:
             spec.append((c.name, Any))
     cls = make_dataclass("CallRecord", spec, slots=True, kw_only=True)
-    cls.__module__ = "harnessrl.proxy.recorder"
+    cls.__module__ = "harnessrl.proxy.record.recorder"
     return cls
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 from sqlalchemy import URL, LargeBinary, make_url
 
-from harnessrl.proxy.callrows import CALLS, CallRecord
+from harnessrl.proxy.record.call_rows import CALLS, CallRecord
 
 log = logging.getLogger("harnessrl.proxy.recorder")
 

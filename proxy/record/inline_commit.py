@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from harnessrl.db import sqlite_file
-from harnessrl.proxy.callrows import RowWriter
+from harnessrl.proxy.record.call_rows import RowWriter
 
 log = logging.getLogger("harnessrl.proxy.recorder")
 

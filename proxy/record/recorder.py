@@ -5,7 +5,7 @@ load, one writer thread owns a DB connection and commits whatever has queued up 
 previous commit ran, in one transaction (group commit; while calls arrive concurrently it waits
 up to `window_s` for more); each request awaits its batch.
 
-`seq` is allocated in the same transaction from the rollout row (`callrows`): the row lock
+`seq` is allocated in the same transaction from the rollout row (`record.call_rows`): the row lock
 (PostgreSQL) or the write lock (SQLite) makes this safe with several proxy processes on one DB,
 and a call that extends an earlier one always gets a larger seq because the earlier one was
 committed before its response was released. A rollout whose row someone else holds locked is
@@ -13,7 +13,7 @@ skipped, not waited for: its calls are retried on their own (for up to `busy_s`,
 retryable 503) while every other rollout's calls keep committing.
 
 A call answered 503 (the DB away, its rollout row locked) is journaled as a failed call
-(`spill.py`) before the answer goes out, and written back once the DB takes it.
+(`record/failed_call_journal.py`) before the answer goes out, and written back once the DB takes it.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from harnessrl.proxy.callrows import BUSY, CallRecord, RecordError, RolloutFinished, RowWriter
-from harnessrl.proxy.inline_commit import Checkpointer, InlineCommit, inline_capable, resolve
-from harnessrl.proxy.spill import DEFAULT_MAX_BYTES, Spill, default_dir
+from harnessrl.proxy.record.call_rows import BUSY, CallRecord, RecordError, RolloutFinished, RowWriter
+from harnessrl.proxy.record.inline_commit import Checkpointer, InlineCommit, inline_capable, resolve
+from harnessrl.proxy.record.failed_call_journal import DEFAULT_MAX_BYTES, Spill, default_dir
 
 __all__ = ["CallRecord", "DatabaseUnavailable", "RecordError", "Recorder", "RolloutBusy", "RolloutFinished"]
 log = logging.getLogger("harnessrl.proxy.recorder")
@@ -66,14 +66,14 @@ class Recorder:
     """Owns the writer thread; `await recorder.commit(rec)` returns once `rec` is durable.
 
     On a SQLite file, calls are committed on the event loop's thread instead
-    (`inline_commit`), and only a batch that cannot be written there comes to the writer thread.
+    (`record.inline_commit`), and only a batch that cannot be written there comes to the writer thread.
 
     The writer survives a lost connection (server restart, failover, terminated or reaped
     backend): the batch it was writing is retried on a fresh connection for up to `retry_s`
     (rows a commit lost in flight may already be in; those are found by id, never written
     twice), then its calls fail with `DatabaseUnavailable`. While the DB stays away, later
     batches fail at once, with reconnects spaced by exponential backoff. Calls answered that
-    way go to the failed-call journal in `spill_dir` (default: `spill.default_dir`) and are
+    way go to the failed-call journal in `spill_dir` (default: `record.failed_call_journal.default_dir`) and are
     written as failed calls once the DB is back; while the rows waiting there reach
     `spill_max_bytes`, `admit()` turns new calls away."""
 
@@ -86,7 +86,7 @@ class Recorder:
         self._last_batch = 0
         self._retry_s = retry_s
         self._busy_s = busy_s
-        self._metrics = metrics  # `metrics.RecorderMetrics`-like: commit latency, DB errors (or None)
+        self._metrics = metrics  # `prometheus.RecorderMetrics`-like: commit latency, DB errors (or None)
         self._rows = RowWriter(engine.dialect.name, engine.dialect.paramstyle)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: list[tuple[tuple, float]] = []  # (queue item, when first BUSY): rollout row locked

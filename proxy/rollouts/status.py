@@ -2,7 +2,7 @@
 
 A bounded LRU of rollout id → status. "finished" (and "failed") is final, so a cached one is always
 right; a cached "running" may be stale (finished through another proxy): that is caught where
-it matters, when the call is committed (`callrows`), and the cache is corrected then. A rollout
+it matters, when the call is committed (`record.call_rows`), and the cache is corrected then. A rollout
 id seen for the first time is created (running, no task) unless the proxy runs with
 `--strict-rollouts`: black-box harnesses can only choose a URL or a key, not call an API first.
 """
@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
 from harnessrl.proxy.errors import ProxyError, database_unavailable
-from harnessrl.proxy.rollouts import Rollouts
+from harnessrl.proxy.rollouts.store import Rollouts
 from harnessrl.records import UNASSIGNED_ROLLOUT
 
 log = logging.getLogger("harnessrl.proxy")

@@ -1,5 +1,5 @@
 """Pass-through route: forward the harness's request to an OpenAI-compatible upstream (vLLM),
-asking it for token ids, log-probs and weight versions (`upstream.prepare`), and hand back its
+asking it for token ids, log-probs and weight versions (`upstream.vllm_wire.prepare`), and hand back its
 own response with those fields stripped — byte for byte what the upstream said otherwise."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 import orjson
 
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
-from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.prefix import Turn
+from harnessrl.proxy.upstream.http_pool import Pool
+from harnessrl.proxy.prefix.prompts import Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result
-from harnessrl.proxy.upstream import Extract, StreamAssembler, body_error, extract_and_strip, prepare, sse_events
-from harnessrl.proxy.upstream_tokens import upstream_error
+from harnessrl.proxy.upstream.vllm_wire import Extract, StreamAssembler, body_error, extract_and_strip, prepare, sse_events
+from harnessrl.proxy.upstream.vllm_tokens import upstream_error
 
 
 class PassThroughRoute:

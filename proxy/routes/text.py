@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import orjson
 
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
-from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.prefix import Turn
+from harnessrl.proxy.upstream.http_pool import Pool
+from harnessrl.proxy.prefix.prompts import Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result
-from harnessrl.proxy.upstream import sse_events
+from harnessrl.proxy.upstream.vllm_wire import sse_events
 from harnessrl.records import TEXT_ONLY
 
 

@@ -20,7 +20,7 @@ class SamplingParams:
     seed: int | None = None  # None: the backend's own seeded generator
     stop: list[str] = field(default_factory=list)
     top_logprobs: int = 0  # alternatives to report per token
-    constraint: Any = None  # local backend: a `constrained.Constraint` that masks each token's logits
+    constraint: Any = None  # local backend: a `local.constrained.Constraint` that masks each token's logits
     upstream_fields: dict = field(default_factory=dict)  # upstream: fields it enforces itself (response_format)
     via: Any = None  # several upstreams: the session's lease to send through (else the backend's pool)
 

@@ -1,5 +1,5 @@
 """Token route: the proxy builds the prompt ids itself — prefix-consistent when the call
-extends an earlier one (`prefix.Prompter`) — and has a `TokenBackend` (the embedded local
+extends an earlier one (`prefix.prompts.Prompter`) — and has a `TokenBackend` (the embedded local
 backend, or an upstream's /v1/completions driven by token ids) sample the completion; the
 assistant message is parsed from the text (hermes `<tool_call>` blocks)."""
 
@@ -12,13 +12,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from harnessrl.proxy.backend import Completion, SamplingParams, TokenBackend, TokenDelta
-from harnessrl.proxy.constrained import Constrainer
-from harnessrl.proxy.contract import check_text_only, developer_as_system, map_developer
+from harnessrl.proxy.routes.token_backend import Completion, SamplingParams, TokenBackend, TokenDelta
+from harnessrl.proxy.local.constrained import Constrainer
+from harnessrl.proxy.routes.chat_fields import check_text_only, developer_as_system, map_developer
 from harnessrl.proxy.errors import BackendRejected, ProxyError, bad_request
-from harnessrl.proxy.prefix import Prompter, Turn
+from harnessrl.proxy.prefix.prompts import Prompter, Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
-from harnessrl.proxy.toolparse import parse_hermes, streamable_prefix
+from harnessrl.proxy.routes.hermes_tools import parse_hermes, streamable_prefix
 
 
 PROMPT_THREADS = min(4, os.cpu_count() or 1)  # prompts rendered and tokenized at once

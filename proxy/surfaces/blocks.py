@@ -8,7 +8,7 @@ gives back the content the model wrote — what a harness sends back (as reasoni
 thinking blocks) and what the prefix index must find again — for the template's own form
 `<think>\n…\n</think>\n\n…`. A think block the model left open, or closed without the blank
 line, comes back in that form instead; the prefix index still finds the call it extends
-(`turns.same_message` compares think blocks whitespace-insensitively and an open one as closed).
+(`prefix.index.same_message` compares think blocks whitespace-insensitively and an open one as closed).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from harnessrl.proxy.validate import MODEL_MAX, valid_model
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.serving import Adapter, Serving
-from harnessrl.proxy.upstream import upstream_error
+from harnessrl.proxy.upstream.vllm_wire import upstream_error
 
 MAX_INPUTS = 2048
 

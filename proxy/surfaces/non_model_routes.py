@@ -17,11 +17,11 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from harnessrl.proxy import anthropic_wire
-from harnessrl.proxy.anthropic_request import translate
+from harnessrl.proxy.surfaces.anthropic import wire as anthropic_wire
+from harnessrl.proxy.surfaces.anthropic.request import translate
 from harnessrl.proxy.errors import BackendRejected, ProxyError, error_response
 from harnessrl.proxy.identity import check_auth, identify, reader_scope
-from harnessrl.proxy.stored_responses import StoredCalls
+from harnessrl.proxy.surfaces.responses.stored import StoredCalls
 from harnessrl.proxy.validate import parse_json
 
 

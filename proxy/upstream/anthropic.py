@@ -8,7 +8,7 @@ user turn (consecutive turns of one role merged, as the API wants them), tools t
 Anthropic returns no token ids and no log-probs, so these calls are recorded as text with
 `prompt_path = text-only`: the compiler never makes RL samples of them, and they serve as expert
 traces (`harnessrl traces from-rollouts`). The pool sends the key as `x-api-key` with
-`anthropic-version` (`httpclient.credential_headers`).
+`anthropic-version` (`upstream.http_pool.credential_headers`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import orjson
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
 from harnessrl.proxy.protocol import Delta, Result, usage
-from harnessrl.proxy.route_text import Dialect, read_event
+from harnessrl.proxy.routes.text import Dialect, read_event
 
 _STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
          "pause_turn": "stop", "refusal": "content_filter"}

@@ -15,8 +15,8 @@ from typing import Any
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed, bad_request
 from harnessrl.proxy.protocol import Delta, Result, usage
-from harnessrl.proxy.route_text import Dialect, read_event
-from harnessrl.proxy.upstream import upstream_error
+from harnessrl.proxy.routes.text import Dialect, read_event
+from harnessrl.proxy.upstream.vllm_wire import upstream_error
 
 
 def to_responses_request(body: dict) -> dict:

@@ -1,5 +1,5 @@
 """Several inference servers behind one proxy: sticky sessions by consistent hashing, health,
-and the drain gate a weight push closes (`weights_drain.py`).
+and the drain gate a weight push closes (`upstream/weight_push.py`).
 
 Each session (rollout, agent, session) hashes to a point on a ring of virtual nodes; the first
 upstream clockwise that is up serves it, for the session's life. So a session keeps its
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from harnessrl.errors import UserError
 from harnessrl.proxy.errors import ProxyError
-from harnessrl.proxy.httpclient import Pool, Response, UpstreamConnectionError
+from harnessrl.proxy.upstream.http_pool import Pool, Response, UpstreamConnectionError
 
 log = logging.getLogger("harnessrl.proxy")
 VNODES = 64  # virtual nodes per upstream: arcs even to a few percent with 3 replicas
@@ -166,7 +166,7 @@ class Upstreams:
         self._last: OrderedDict[tuple, Upstream] = OrderedDict()
         self.set_urls(urls)
         self.push_lock = asyncio.Lock()  # one weight push at a time
-        self.probe_task: asyncio.Task | None = None  # set by `upstreams_life.start_upstreams`
+        self.probe_task: asyncio.Task | None = None  # set by `upstream.ring_life.start_upstreams`
         self.reread: Callable[[], None] | None = None  # re-reads --upstreams FILE (SIGHUP)
 
     # ---- membership ------------------------------------------------------------------------

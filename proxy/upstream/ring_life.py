@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from harnessrl.proxy.config import ProxyConfig
-from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.upstreams import Upstreams, read_upstreams_file
+from harnessrl.proxy.upstream.http_pool import Pool
+from harnessrl.proxy.upstream.ring import Upstreams, read_upstreams_file
 
 log = logging.getLogger("harnessrl.proxy")
 

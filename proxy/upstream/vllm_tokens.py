@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from harnessrl.proxy.backend import Completion, SamplingParams, TokenDelta
+from harnessrl.proxy.routes.token_backend import Completion, SamplingParams, TokenDelta
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
-from harnessrl.proxy.httpclient import Pool
-from harnessrl.proxy.upstream import (Extract, body_error, checked, error_in, sse_events, unfinished, upstream_error,
+from harnessrl.proxy.upstream.http_pool import Pool
+from harnessrl.proxy.upstream.vllm_wire import (Extract, body_error, checked, error_in, sse_events, unfinished, upstream_error,
                                       weight_version_of)
 
 log = logging.getLogger("harnessrl.proxy")

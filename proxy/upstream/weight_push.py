@@ -25,8 +25,8 @@ from pathlib import Path
 import orjson
 
 from harnessrl.proxy.errors import ProxyError
-from harnessrl.proxy.upstream import weight_version_of
-from harnessrl.proxy.upstreams import Upstream, Upstreams
+from harnessrl.proxy.upstream.vllm_wire import weight_version_of
+from harnessrl.proxy.upstream.ring import Upstream, Upstreams
 
 log = logging.getLogger("harnessrl.proxy")
 

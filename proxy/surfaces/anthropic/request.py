@@ -7,14 +7,14 @@ with a 400 naming it — none is dropped unseen:
   Code's mid-conversation system messages, beta `mid-conversation-system-*`) a system message in
   the same place (the chat template renders it there: the tiny model's as a system turn);
 - an assistant turn's `thinking`, `text` and `tool_use` blocks one assistant message (thinking
-  joined back into the content as the model wrote it, `surface_blocks.join_think`; a thinking
+  joined back into the content as the model wrote it, `surfaces.blocks.join_think`; a thinking
   block's `signature` is not checked);
 - a user turn's `tool_result` blocks tool messages (an `is_error` result's text starts with
   "Error: ", the one way chat can say so; a `tool_reference` in a result is the referenced tool's
-  definition, `anthropic_tools`; an image in a result, which a chat tool message cannot hold,
+  definition, `surfaces.anthropic.tools`; an image in a result, which a chat tool message cannot hold,
   opens the user message that follows the turn's tool messages), its text and image blocks the
   user message;
-- tools, `tool_choice`: `anthropic_tools` (client tools, deferred tools, hosted tools);
+- tools, `tool_choice`: `surfaces.anthropic.tools` (client tools, deferred tools, hosted tools);
 - `stop_sequences` → `stop`; `output_config.format` (a JSON schema) → `response_format`; `top_k`
   is passed on (vLLM honours it);
 - recorded with the call and otherwise ignored: `metadata`, `thinking` (the model thinks as its
@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harnessrl.proxy.anthropic_tools import _bad, tool_choice, tool_reference, tools
+from harnessrl.proxy.surfaces.anthropic.tools import _bad, tool_choice, tool_reference, tools
 from harnessrl.proxy.protocol import Request
-from harnessrl.proxy.surface_blocks import join_think
-from harnessrl.proxy.surface_tools import Removed
+from harnessrl.proxy.surfaces.blocks import join_think
+from harnessrl.proxy.surfaces.hosted_tools import Removed
 from harnessrl.proxy.validate import check_chat, is_int, is_num
 
 RECORDED_HEADERS = ("anthropic-version", "anthropic-beta")

@@ -10,7 +10,7 @@
   for a tool — which is where Anthropic's API expands it too.
 - A hosted server tool (`web_search_*`, `web_fetch_*`, `code_execution_*`,
   `tool_search_tool_regex_*` / `_bm25_*`, `mcp_toolset`): removed and recorded, or refused with
-  --strict-tools (`surface_tools`).
+  --strict-tools (`surfaces.hosted_tools`).
 - An Anthropic-defined client tool (`bash_*`, `text_editor_*`, `computer_*`, `memory_*`): the
   harness runs it, but its schema is Anthropic's and not sent: refused with a 400 naming it
   (declare it as a client tool with an `input_schema`).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.proxy.errors import ProxyError, bad_request
-from harnessrl.proxy.surface_tools import Removed
+from harnessrl.proxy.surfaces.hosted_tools import Removed
 
 _HOSTED = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_", "mcp_toolset")
 _SCHEMA_LESS = ("bash_", "text_editor_", "computer_", "memory_")

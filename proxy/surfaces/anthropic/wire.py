@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from harnessrl.proxy.anthropic_request import RECORDED_HEADERS, to_request
+from harnessrl.proxy.surfaces.anthropic.request import RECORDED_HEADERS, to_request
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.serving import Adapter
-from harnessrl.proxy.surface_blocks import Block, BlockStream, Event, blocks_of
+from harnessrl.proxy.surfaces.blocks import Block, BlockStream, Event, blocks_of
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -1,12 +1,12 @@
 """Responses input items → chat messages. A run of assistant items (reasoning, message, function
 and custom tool calls) is one assistant message — reasoning joined back into the content as the
-model wrote it (`surface_blocks.join_think`) — and a call's output a tool message. A namespaced
-call is the name the model was shown (`responses_tools.visible`), a custom tool call a function
+model wrote it (`surfaces.blocks.join_think`) — and a call's output a tool message. A namespaced
+call is the name the model was shown (`surfaces.responses.tools.visible`), a custom tool call a function
 call whose one argument `input` is the item's input.
 
-`additional_tools` items hold tool declarations (`responses_tools`), not messages; a client tool
+`additional_tools` items hold tool declarations (`surfaces.responses.tools`), not messages; a client tool
 search's `tool_search_call` / `tool_search_output` are a call of the function `tool_search` and
-its tool message, the tools it loaded rendered there (`responses_tools.loaded_text`);
+its tool message, the tools it loaded rendered there (`surfaces.responses.tools.loaded_text`);
 `configuration_update` items change a hosted model's reasoning effort: recorded, not applied, as
 the body's `reasoning` is. Item ids and statuses are not needed to render a prompt and are not
 read. Any other item type (a hosted tool's call, an `item_reference`) is a 400 naming it.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harnessrl.proxy.responses_tools import _bad, loaded_text, visible
-from harnessrl.proxy.surface_blocks import join_think
+from harnessrl.proxy.surfaces.responses.tools import _bad, loaded_text, visible
+from harnessrl.proxy.surfaces.blocks import join_think
 
 _ROLES = ("user", "system", "developer", "assistant")
 

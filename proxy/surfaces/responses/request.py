@@ -2,21 +2,21 @@
 name its own fields (`input[2].content[0].type`), translated to the internal chat body. Every
 field is translated by one of these rules or refused with a 400 naming it:
 
-- `input` items: `responses_items`; tools (`tools`, `additional_tools` items), `tool_choice`:
-  `responses_tools`; `instructions` → the first system message; `max_output_tokens` →
+- `input` items: `surfaces.responses.items`; tools (`tools`, `additional_tools` items), `tool_choice`:
+  `surfaces.responses.tools`; `instructions` → the first system message; `max_output_tokens` →
   `max_tokens`; `text.format` → `response_format`; `include` with
   `message.output_text.logprobs` → log-probs (other `include` values ask for data of hosted tools
   or encrypted reasoning, which this proxy does not produce: nothing to add);
 - `previous_response_id`: the earlier call is read from the records (`resolve`): its messages,
   its answer, then the new input, so the prompt extends the earlier one token-exactly (the prefix
   index finds that call as for chat); over the WebSocket transport the connection's last response
-  is found even with `store: false` (`responses_ws`);
+  is found even with `store: false` (`surfaces.responses.websocket`);
 - recorded with the call and otherwise ignored (they tune a hosted service): `metadata`,
   `client_metadata`, `reasoning`, `truncation`, `prompt_cache_key`, `prompt_cache_retention`,
   `prompt_cache_options`, `service_tier`, `safety_identifier`, `user`, `stream_options`,
   `context_management`, `max_tool_calls`, `text.verbosity`;
 - refused: `background`, `conversation`, `prompt` (services this proxy does not run) and
-  `generate: false` over HTTP (a WebSocket warm-up, served by `responses_ws`).
+  `generate: false` over HTTP (a WebSocket warm-up, served by `surfaces.responses.websocket`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Request
-from harnessrl.proxy.responses_items import input_messages
-from harnessrl.proxy.responses_tools import _bad, tool_choice, tool_map
-from harnessrl.proxy.surface_tools import REMOVED_NOTE, Removed
+from harnessrl.proxy.surfaces.responses.items import input_messages
+from harnessrl.proxy.surfaces.responses.tools import _bad, tool_choice, tool_map
+from harnessrl.proxy.surfaces.hosted_tools import REMOVED_NOTE, Removed
 from harnessrl.proxy.validate import check_chat, is_int, is_num
 
 RESPONSE_PREFIX = "resp_"
@@ -116,7 +116,7 @@ def _set_tools(req: Request, context: list, removed: Removed) -> None:
         # with previous_response_id the earlier call's tools join in `resolve`, which checks the name
         chosen = None if body.get("previous_response_id") is not None else tools.shown
         req.body["tool_choice"] = tool_choice(body["tool_choice"], chosen)
-    req.surface["tool_names"] = tools.names  # how the model's calls map back (`responses_wire`)
+    req.surface["tool_names"] = tools.names  # how the model's calls map back (`surfaces.responses.wire`)
     notes = {k: v for k, v in (req.notes or {}).items() if k not in (REMOVED_NOTE, CONTEXT_NOTE, LOADED_NOTE)}
     notes.update(removed.notes() or {})
     for key, shown in ((CONTEXT_NOTE, True), (LOADED_NOTE, False)):

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from harnessrl.proxy.errors import ProxyError, database_unavailable
 from harnessrl.proxy.identity import valid_id
-from harnessrl.proxy.responses_request import RESPONSE_PREFIX
+from harnessrl.proxy.surfaces.responses.request import RESPONSE_PREFIX
 from harnessrl.records import Call
 
 log = logging.getLogger("harnessrl.proxy")

@@ -19,7 +19,7 @@ harness declared. Rules (every tool type is one of these, or a 400 naming it):
   without joining the tools shown up front (recorded as `harnessrl_loaded_tools`).
 - hosted tools (`web_search*`, `file_search`, `code_interpreter`, `image_generation`, `mcp`, a
   `tool_search` the provider runs): removed and recorded, or refused with --strict-tools
-  (`surface_tools`).
+  (`surfaces.hosted_tools`).
 - tools whose schema is the provider's (`local_shell`, `shell`, `apply_patch`, `computer*`): 400.
 
 Tools come from the body's `tools` and from `additional_tools` input items (Codex declares its
@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from harnessrl.proxy.errors import ProxyError, bad_request
-from harnessrl.proxy.surface_tools import Removed
+from harnessrl.proxy.surfaces.hosted_tools import Removed
 
 SEP = "."
 _HOSTED = ("web_search", "file_search", "code_interpreter", "image_generation", "mcp", "tool_search")

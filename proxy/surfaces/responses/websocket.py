@@ -30,12 +30,12 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect
 
-from harnessrl.proxy.callrows import new_call_id
+from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.errors import ProxyError, bad_request, error_body
 from harnessrl.proxy.identity import check_auth, identify, reader_scope
 from harnessrl.proxy.protocol import Request
-from harnessrl.proxy.responses_request import CONTEXT_NOTE, LOADED_NOTE, resolve
-from harnessrl.proxy.responses_wire import ResponsesWire
+from harnessrl.proxy.surfaces.responses.request import CONTEXT_NOTE, LOADED_NOTE, resolve
+from harnessrl.proxy.surfaces.responses.wire import ResponsesWire
 from harnessrl.proxy.serving import Adapter
 from harnessrl.proxy.validate import parse_json
 

@@ -9,7 +9,7 @@
 Ids: the response is `resp_<call id>`; output items are `rs_`/`msg_`/`fc_<call id>_<position>`;
 a function call's `call_id` is the tool-call id of the recorded chat message. A call of a
 namespaced, custom or tool-search tool comes back as the harness declared it
-(`responses_tools.call_item`): a `function_call` with `namespace`, a `custom_tool_call` whose
+(`surfaces.responses.tools.call_item`): a `function_call` with `namespace`, a `custom_tool_call` whose
 input is streamed whole when the call is complete (`response.custom_tool_call_input.delta` /
 `.done`), since the model writes it as a JSON string that can only be decoded once closed, or a
 `tool_search_call` (its arguments an object, in `response.output_item.done` alone).
@@ -24,10 +24,10 @@ import orjson
 
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
-from harnessrl.proxy.responses_request import LOGPROBS_INCLUDE, RESPONSE_PREFIX, resolve, to_request
-from harnessrl.proxy.responses_tools import call_item
+from harnessrl.proxy.surfaces.responses.request import LOGPROBS_INCLUDE, RESPONSE_PREFIX, resolve, to_request
+from harnessrl.proxy.surfaces.responses.tools import call_item
 from harnessrl.proxy.serving import Adapter
-from harnessrl.proxy.surface_blocks import Block, BlockStream, Event, blocks_of
+from harnessrl.proxy.surfaces.blocks import Block, BlockStream, Event, blocks_of
 
 _ITEM_PREFIX = {"reasoning": "rs", "text": "msg", "tool": "fc"}
 
