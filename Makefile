@@ -20,7 +20,7 @@ test: install
 # --strict: a broken link or anchor, a missing page or one left out of the nav fails the build.
 # The site goes under .cache/ (ignored by git); docs/hooks/cli_reference.py writes the CLI page.
 docs: install
-	$(VENV)/bin/mkdocs build --strict --quiet -d .cache/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d .cache/site
 
 # The unit tests (-m unit) on Python 3.12 in their own venv; .ci/run finds the interpreter.
 PYTHON312 ?= python3.12
