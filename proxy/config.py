@@ -1,4 +1,4 @@
-"""Proxy settings (the `harnessrl proxy` flags)."""
+"""Proxy settings: the `harnessrl proxy` flags, each defined once here with its help."""
 
 from __future__ import annotations
 
@@ -6,66 +6,131 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harnessrl.cli_options import option
 from harnessrl.errors import UserError
 
 
 DIALECTS = ("openai-chat", "openai-responses", "anthropic")
 
 
+MiB, KiB = 1024 * 1024, 1024
+UPSTREAM, RECORDS, SERVING, SEVERAL = "Upstream", "Records", "Serving", "Several upstreams"
+LIMITS, SECURITY, LOGGING = "Limits", "Security", "Logging"
+
+
 @dataclass
 class ProxyConfig:
-    db: str = "runs.db"  # SQLite path or postgresql+psycopg:// URL
-    backend: str = "upstream"  # "upstream" (an OpenAI-compatible server, vLLM) | "local" (in-process)
-    upstream: str | None = None  # http://host:port of the upstream
-    model: str | None = None  # local: checkpoint directory
-    tokenizer: str | None = None  # upstream prefix mode: tokenizer/chat-template directory
-    prefix: bool | None = None  # prefix-consistent prompts; default on for local, off for upstream
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0: a free port
-    api_key: str | None = None  # required from clients when set
-    upstream_api_key: str | None = None  # sent to the upstream (a vLLM started with --api-key); never recorded
-    # what the upstream speaks: openai-chat (vLLM, token ids) | openai-responses | anthropic (hosted
-    # models: text only, recorded with prompt_path text-only and never trained on)
-    upstream_dialect: str = "openai-chat"
-    upstream_ca: str | None = None  # CA file for an https:// upstream (default: the system's store)
-    upstream_model: str | None = None  # the model name sent upstream, whatever the harness asked (a hosted teacher)
-    max_body_bytes: int = 32 * 1024 * 1024  # every route
-    max_metadata_bytes: int = 64 * 1024  # rollout and reward metadata, as JSON
-    upstream_timeout: float = 600.0  # seconds
-    default_max_tokens: int = 256
-    served_model_name: str | None = None
-    seed: int = 0  # local backend sampling seed
-    # upstream weight pushes: (checkpoint dir, version or None) -> new version; without it 400
-    reload_hook: Callable[[str, str | None], str] | None = None
-    log_level: str = "warning"
-    log_format: str = "text"  # "text" | "json" (one JSON object a line, with the call id)
-    strict_rollouts: bool = False  # a call to an unknown rollout id: 404 instead of creating it
-    # a hosted tool (web search, code execution: run inside the provider's API) in a Responses or
-    # Messages request: refused with a 400 instead of removed from what the model sees (`surface_tools`)
-    strict_tools: bool = False
-    db_lock_timeout_s: float = 5.0  # PostgreSQL lock_timeout; also how long a call waits on a locked rollout row
-    db_statement_timeout_s: float = 30.0  # PostgreSQL statement_timeout
-    # the failed-call journal (`spill.py`): calls answered 503 while the DB is away, written once it
-    # is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill (a folder per DB)
-    spill_dir: str | None = None
-    spill_max_bytes: int = 1024 * 1024 * 1024  # at this many bytes waiting, new calls are refused with 503
-    prefix_cache_bytes: int = 256 * 1024 * 1024  # the prefix index's memory bound
-    # regexes of prompt spans a harness changes every call (beyond the built-in rules of `volatile.py`):
-    # in prefix mode a session's later calls are sent the earlier values; agent fingerprints ignore them
-    volatile_patterns: tuple[str, ...] = ()
+    """The proxy's settings; each flagged field is a `harnessrl proxy` option (`harnessrl.cli_options`)."""
+
     # several upstreams (`upstreams.py`): every URL (`--upstream` given more than once), or a file
     # listing them (re-read on SIGHUP); `upstream` is then the first
-    upstreams: tuple[str, ...] = ()
-    upstreams_file: str | None = None
-    fail_after: int = 3  # consecutive connection errors / 5xx that take an upstream out
-    probe_s: float = 1.0  # first probe of a failed upstream after this; doubles to 30 s
-    push_mode: str = "rolling"  # weight push to several upstreams: "rolling" (one at a time) | "all"
-    drain_timeout_s: float = 60.0  # how long a push waits for an upstream's calls in flight
-    push_wait_s: float = 30.0  # how long a call waits for its reloading upstream before a 503 + Retry-After
-    sampling_policy: str | None = None  # YAML file (`harnessrl.sampling_policy`): enforced on every call
+    upstreams: tuple[str, ...] = option(
+        (), "--upstream", metavar="URL", panel=UPSTREAM,
+        help="Server to forward to: vLLM or any OpenAI-compatible one, or a hosted model (see --upstream-dialect); "
+        "http[s]://host[:port]. Repeat for several replicas (sticky sessions).")
+    # what the upstream speaks: openai-chat (vLLM, token ids) | openai-responses | anthropic (hosted
+    # models: text only, recorded with prompt_path text-only and never trained on)
+    upstream_dialect: str = option(
+        "openai-chat", panel=UPSTREAM, help="What the upstream speaks: openai-chat (vLLM: token ids, trainable) | "
+        "openai-responses | anthropic (text only: expert traces, never RL samples).")
+    upstream_model: str | None = option(  # the model name sent upstream, whatever the harness asked (a hosted teacher)
+        None, panel=UPSTREAM, help="Model name sent to the upstream, whatever the harness asks for (a hosted teacher's "
+        "model; with --prefix, default: the upstream's own, from its /v1/models).")
+    upstream_timeout: float = option(600.0, "--timeout", panel=UPSTREAM, help="Upstream timeout in seconds.")
+    backend: str = option(  # "upstream" (an OpenAI-compatible server, vLLM) | "local" (in-process)
+        "upstream", panel=UPSTREAM, help="'upstream' or 'local' (transformers in-process).")
+    model: str | None = option(None, panel=UPSTREAM, help="Checkpoint directory for --backend local.")
+    tokenizer: str | None = option(  # upstream prefix mode: tokenizer/chat-template directory
+        None, panel=UPSTREAM, help="Tokenizer directory (needed for --prefix with an upstream).")
+    served_model_name: str | None = option(None, panel=UPSTREAM, help="Model name to report and forward.")
+    seed: int = option(0, panel=UPSTREAM, help="Sampling seed of the local backend.")
+    db: str = option("runs.db", panel=RECORDS, help="Records DB: SQLite path or postgresql+psycopg:// URL.")
+    db_lock_timeout_s: float = option(  # also how long a call waits on a locked rollout row
+        5.0, "--db-lock-timeout", panel=RECORDS,
+        help="PostgreSQL: seconds a statement may wait for a lock (and a call for its locked rollout row).")
+    db_statement_timeout_s: float = option(30.0, "--db-statement-timeout", panel=RECORDS,
+                                           help="PostgreSQL: seconds a statement may run.")
+    # the failed-call journal (`spill.py`): calls answered 503 while the DB is away, written once it
+    # is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill (a folder per DB)
+    spill_dir: str | None = option(
+        None, panel=RECORDS, help="Folder for the failed-call journal: calls answered 503 while the records DB is "
+        "away, written to it once it is back (also after a crash, by the next proxy on the DB). Default: DB-spill/ "
+        "beside a SQLite file; ~/.local/state/harnessrl/spill for PostgreSQL.")
+    spill_max_bytes: int = option(  # at this many bytes waiting, new calls are refused with 503
+        1024 * MiB, "--spill-max-mb", scale=MiB, panel=RECORDS,
+        help="Bound of the failed-call journal, MiB: while it is full, new model calls are refused with 503 "
+        "(retryable), so no failed call is dropped.")
+    strict_rollouts: bool = option(  # a call to an unknown rollout id: 404 instead of creating it
+        False, panel=RECORDS,
+        help="Refuse calls to a rollout id that does not exist (404) instead of creating it on first use.")
+    host: str = option("127.0.0.1", panel=SERVING, help="Address to listen on.")
+    port: int = option(8000, panel=SERVING, help="Port to listen on (0: a free one).")
     # proxy processes sharing the listening socket and the records DB (`workers.py`): one upstream
     # and no local backend, since the prefix index, weight pushes and upstream health are per process
-    workers: int = 1
+    workers: int = option(
+        1, panel=SERVING, help="Proxy processes sharing the port and the records DB (one upstream, pass-through): "
+        "each uses up to one core. The prefix index, rollout-status cache and /metrics are per process.")
+    prefix: bool | None = option(  # prefix-consistent prompts; default on for local, off for upstream
+        None, "--prefix/--no-prefix", panel=SERVING,
+        help="Prefix-consistent prompts (default: on for local, off for upstream).")
+    prefix_cache_bytes: int = option(  # the prefix index's memory bound
+        256 * MiB, "--prefix-cache-mb", scale=MiB, panel=SERVING,
+        help="Memory bound of the prefix index (recent calls per session, for prefix-consistent prompts), MiB.")
+    # regexes of prompt spans a harness changes every call (beyond the built-in rules of `volatile.py`):
+    # in prefix mode a session's later calls are sent the earlier values; agent fingerprints ignore them
+    volatile_patterns: tuple[str, ...] = option(
+        (), "--volatile-pattern", metavar="REGEX", panel=SERVING,
+        help="A prompt span the harness changes every call (a hash, a timestamp), besides the built-in ones such as "
+        "Claude Code's cch=: with --prefix a session's later calls get the earlier value, so their prompts extend. "
+        "Repeatable.")
+    sampling_policy: str | None = option(  # YAML file (`harnessrl.sampling_policy`): enforced on every call
+        None, panel=SERVING, help="YAML file of sampling parameters enforced on every call (temperature, top_p, "
+        "max_tokens cap, forbidden ones such as logit_bias); the record keeps what the harness asked.")
+    upstreams_file: str | None = option(
+        None, "--upstreams", panel=SEVERAL,
+        help="File listing the upstream URLs, one a line (re-read on SIGHUP); instead of --upstream.")
+    fail_after: int = option(  # consecutive connection errors / 5xx that take an upstream out
+        3, panel=SEVERAL, help="Several upstreams: consecutive connection errors or 5xx that take one out (probed "
+        "back in with backoff).")
+    probe_s: float = option(  # first probe of a failed upstream after this; doubles to 30 s
+        1.0, "--probe-interval", panel=SEVERAL,
+        help="Several upstreams: first probe of a failed one after this many seconds (doubling to 30).")
+    push_mode: str = option(  # weight push to several upstreams: "rolling" (one at a time) | "all"
+        "rolling", panel=SEVERAL,
+        help="Several upstreams: a weight push reloads them 'rolling' (one at a time) or 'all' at once.")
+    drain_timeout_s: float = option(  # how long a push waits for an upstream's calls in flight
+        60.0, "--drain-timeout", panel=SEVERAL,
+        help="Several upstreams: seconds a push waits for an upstream's calls in flight before reloading it.")
+    push_wait_s: float = option(  # how long a call waits for its reloading upstream before a 503 + Retry-After
+        30.0, "--push-wait", panel=SEVERAL, help="Several upstreams: seconds a call waits for its reloading upstream "
+        "before a retryable 503 with Retry-After (0: at once).")
+    max_body_bytes: int = option(32 * MiB, "--max-body-mb", scale=MiB, panel=LIMITS,  # every route
+                                 help="Largest request body accepted (any route), in MiB.")
+    max_metadata_bytes: int = option(64 * KiB, "--max-metadata-kb", scale=KiB, panel=LIMITS,  # as JSON
+                                     help="Largest rollout or reward metadata accepted (as JSON), in KiB.")
+    # a hosted tool (web search, code execution: run inside the provider's API) in a Responses or
+    # Messages request: refused with a 400 instead of removed from what the model sees (`surface_tools`)
+    strict_tools: bool = option(
+        False, panel=LIMITS, help="Refuse (400) a Responses or Messages request that declares a hosted tool "
+        "(web_search, code_execution, ...) instead of removing the tool and recording its removal.")
+    api_key: str | None = option(  # required from clients when set
+        None, envvar="HARNESSRL_PROXY_API_KEY", panel=SECURITY,
+        help="Require this key from clients (Authorization: Bearer KEY).")
+    upstream_api_key: str | None = option(  # sent to the upstream (a vLLM started with --api-key); never recorded
+        None, envvar="HARNESSRL_UPSTREAM_API_KEY", panel=SECURITY,
+        help="Send this key to the upstream (a vLLM started with --api-key, a hosted provider): as a bearer token, "
+        "or x-api-key for anthropic.")
+    upstream_ca: str | None = option(  # CA file for an https:// upstream (default: the system's store)
+        None, panel=SECURITY,
+        help="CA certificate file to verify an https:// upstream with (default: the system's CA store).")
+    log_level: str = option("warning", panel=LOGGING, help="Log level (info: a line per call).")
+    log_format: str = option(  # "text" | "json" (one JSON object a line, with the call id)
+        "text", panel=LOGGING, help="'text' or 'json' (one JSON object a line, with the call id on lines about a call).")
+    # settings without a flag (set by library callers and tests)
+    upstream: str | None = None  # http://host:port of the upstream; `check` sets it to the first of `upstreams`
+    default_max_tokens: int = 256
+    # upstream weight pushes: (checkpoint dir, version or None) -> new version; without it 400
+    reload_hook: Callable[[str, str | None], str] | None = None
 
     @property
     def several(self) -> bool:
