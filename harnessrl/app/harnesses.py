@@ -153,7 +153,7 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (
 
 
 def harness_help() -> str:
-    return " | ".join(HARNESSES) + " | module:function (your own: see docs/training.md, Your own harness)"
+    return " | ".join(HARNESSES) + " | module:function (your own: see docs/harness-examples.md, Your own harness)"
 
 
 def user_harness(spec: str, src: TaskSource) -> HarnessTasks:
