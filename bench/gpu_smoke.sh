@@ -83,7 +83,7 @@ PY
 say "round 1"
 rollouts round-1
 say "compile"
-$HRL compile "$WORK/runs.db" --out "$WORK/compiled" --tokenizer "$MODEL" --advantage harness --run round-1
+$HRL compile --db "$WORK/runs.db" --out "$WORK/compiled" --tokenizer "$MODEL" --advantage harness --run round-1
 say "CAPO partition"
 $HRL capo-partition "$WORK/compiled" --model "$MODEL" --out "$WORK/partition.pt" --threshold 0 || {
   # no successful rollout yet: probe all of them rather than stop the smoke test
@@ -98,11 +98,11 @@ bf16: true
 gradient_checkpointing: true
 YAML
 say "one CAPO step + push into vLLM"
-$HRL train "$WORK/compiled" --model "$MODEL" --config "$WORK/train.yaml" --out "$WORK/ck" --version capo-1 \
+$HRL train "$WORK/compiled" --model "$MODEL" --config "$WORK/train.yaml" --out "$WORK/ck" --weight-version capo-1 \
   --push "http://127.0.0.1:$VLLM_PORT" --db "$WORK/runs.db"
 say "round 2 (new weights)"
 rollouts round-2
-$HRL compile "$WORK/runs.db" --out "$WORK/compiled-2" --tokenizer "$MODEL" --run round-2 >/dev/null
+$HRL compile --db "$WORK/runs.db" --out "$WORK/compiled-2" --tokenizer "$MODEL" --run round-2 >/dev/null
 python - "$WORK/runs.db" <<'PY'
 import sys
 from harnessrl.db import open_db
@@ -119,7 +119,7 @@ $HRL tasks coding --out "$WORK/coding" --n-train 4 --n-eval 2 --seed 0
 SANDBOX=$(command -v bwrap >/dev/null && echo bwrap || echo none)
 $HRL loop --cmd "$(command -v python) -m harnessrl.harness_examples.coding.agent {task} --max-turns 6 --max-tokens 512" \
   --tasks "$WORK/coding/coding.jsonl" --n-tasks 6 --eval-fraction 0.34 --sandbox "$SANDBOX" \
-  --model "$MODEL" --upstream "http://127.0.0.1:$VLLM_PORT" --algo grpo --group 4 --rounds 1 --steps 1 \
+  --model "$MODEL" --upstream "http://127.0.0.1:$VLLM_PORT" --algo grpo --group-size 4 --rounds 1 --steps 1 \
   --batch-size 8 --lr 1e-6 --concurrency 8 --train-config "$ROOT/configs/coding_gpu.yaml" --out "$WORK/coding-run"
 python - "$WORK/coding-run" <<'PY'
 import json, sys

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from harnessrl.algorithms import algo_help, default_train_agents, get_algorithm
+from harnessrl.algorithms import default_train_agents, get_algorithm
+from harnessrl.cli_options import algo_option, positional_db, records_db, records_db_option
 
 tasks_app = typer.Typer(help="Tasks and expert traces in the records DB.", no_args_is_help=True)
 traces_app = typer.Typer(help="Expert traces (for `sft` and PACT).", no_args_is_help=True)
@@ -17,13 +18,14 @@ def _split(value: str | None) -> tuple[str, ...]:
 
 
 def compile_cmd(
-    db: str = typer.Argument(..., help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    db_arg: str | None = positional_db(),
+    db: str | None = records_db_option(None),
     out: Path = typer.Option(Path("compiled"), "--out", help="Output directory."),
     reward: str | None = typer.Option(None, "--reward", help="Outcome reward: f1 | exact_match | contains | module:fn "
                                       "(default: the harness-reported outcome)."),
     process: str = typer.Option("", "--process", help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir."),
-    algo: str | None = typer.Option(None, "--algo", help="Compile for this objective: its registry entry sets the "
-                                    "defaults of --advantage and --train-agents. " + algo_help()),
+    algo: str | None = algo_option(None, "Compile for this objective: its registry entry sets the defaults of "
+                                   "--advantage and --train-agents. "),
     advantage: str | None = typer.Option(None, "--advantage", help="grpo | harness | matpo | matchtir "
                                          "(default: the --algo's estimator, else grpo)."),
     train_agents: str | None = typer.Option(None, "--train-agents", help="central | all | comma-separated agent names "
@@ -59,7 +61,7 @@ def compile_cmd(
                              "(0: one per CPU; output identical to --jobs 1)."),
 ) -> None:
     """Compile recorded calls into training samples (Parquet) with rewards and advantages."""
-    from rich.console import Console
+    from harnessrl.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from harnessrl.compiler.advantages import load_adv_config
@@ -68,6 +70,7 @@ def compile_cmd(
     from harnessrl.compiler.labels import ClassConfig
     from harnessrl.compiler.summary import summary_notes, summary_table
 
+    db = records_db(db, db_arg)
     if algo is not None:
         spec = get_algorithm(algo)
         advantage = advantage or spec.advantage
@@ -95,25 +98,26 @@ def compile_cmd(
 
 
 def inspect_cmd(
-    db: str = typer.Argument(..., help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    db_arg: str | None = positional_db(),
+    db: str | None = records_db_option(None),
     rollout: str = typer.Option(..., "--rollout", help="Rollout id."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir)."),
     max_chars: int = typer.Option(400, "--max-chars", help="Characters of each completion to show."),
 ) -> None:
     """Print a rollout's session trees: calls, agents, merges and breaks, token classes coloured."""
-    from rich.console import Console
+    from harnessrl.console import Console
 
     from harnessrl.compiler.inspect_rollout import rollout_tree
 
-    Console().print(rollout_tree(db, rollout, tokenizer, max_chars))
+    Console().print(rollout_tree(records_db(db, db_arg), rollout, tokenizer, max_chars))
 
 
 def tasks_import(
     file: Path = typer.Argument(..., help="JSONL: id, input, reference, reference_calls?, expert_trace?"),
-    db: str = typer.Option("runs.db", "--db", help="SQLite path or postgresql+psycopg:// URL."),
+    db: str = records_db_option(),
 ) -> None:
     """Import tasks (and expert traces) into the records DB."""
-    from rich.console import Console
+    from harnessrl.console import Console
 
     from harnessrl.compiler.tasks import import_tasks
     from harnessrl.db import shown_db
@@ -123,7 +127,8 @@ def tasks_import(
 
 
 def traces_from_rollouts(
-    db: str = typer.Argument(..., help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    db_arg: str | None = positional_db(),
+    db: str | None = records_db_option(None),
     out: Path | None = typer.Option(None, "--out", help="Write a tasks JSONL (one trace per task) here."),
     into_db: bool = typer.Option(False, "--into-db", help="Add the traces to the DB's expert-trace table instead."),
     run: str | None = typer.Option(None, "--run", help="Only rollouts of this run (e.g. the teacher's)."),
@@ -133,12 +138,13 @@ def traces_from_rollouts(
     per_task: int = typer.Option(1, "--per-task", help="Distinct traces kept per task, best first (--into-db only)."),
 ) -> None:
     """Turn the best recorded rollouts of each task (any upstream) into expert traces."""
-    from rich.console import Console
+    from harnessrl.console import Console
 
     from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
     from harnessrl.db import shown_db
     from harnessrl.errors import UserError
 
+    db = records_db(db, db_arg)
     if (out is None) == (not into_db):
         raise UserError("give exactly one of --out FILE and --into-db")
     traces, stats = collect(db, run, min_reward, agent, per_task)

@@ -67,9 +67,10 @@ def warn_deprecated(old: str, new: str) -> None:
     print(f"warning: {old} is deprecated and will be removed in the next release: use {new}", file=sys.stderr)
 
 
-def algo_option(default: str | None) -> Any:
-    """The `--algo` option of compile, train, loop and demo: one definition of its long help."""
-    return typer.Option(default, "--algo", help=algo_help())
+def algo_option(default: str | None, lead: str = "") -> Any:
+    """The `--algo` option of compile, train, loop and demo: one definition of its long help (each
+    algorithm's summary, from the registry), after the command's own `lead`."""
+    return typer.Option(default, "--algo", help=lead + algo_help())
 
 
 def _names(f: dataclasses.Field, flag: Flag) -> tuple[str, ...]:
@@ -167,3 +168,39 @@ def from_config(cls: type, *, unset_is_none: bool = False) -> Callable[[Callable
         return command
 
     return decorate
+
+
+def old_spelling(spelling: str) -> Any:
+    """The hidden option of a hand-written command's deprecated spelling (pass its value to `renamed`)."""
+    return typer.Option(None, spelling, hidden=True)
+
+
+def renamed(value: Any, old_value: Any, old: str, new: str) -> Any:
+    """The option's value: the new spelling's, else (warned) the deprecated one's when that was given."""
+    if old_value is None:
+        return value
+    warn_deprecated(old, new)
+    return old_value
+
+
+RECORDS_DB_HELP = "Records DB: SQLite path or postgresql+psycopg:// URL."
+
+
+def records_db_option(default: str | None = "runs.db") -> Any:
+    """`--db`: the records DB, one name in every command."""
+    return typer.Option(default, "--db", help=RECORDS_DB_HELP)
+
+
+def positional_db() -> Any:
+    """The records DB as the first argument (compile, inspect, traces from-rollouts before `--db`)."""
+    return typer.Argument(None, hidden=True, metavar="DB", show_default=False)
+
+
+def records_db(db: str | None, positional: str | None) -> str:
+    """`--db`, else the deprecated positional DB; one of them is required."""
+    from harnessrl.errors import UserError
+
+    db = renamed(db, positional, "the records DB as an argument", "--db DB")
+    if db is None:
+        raise UserError("give the records DB with --db (a SQLite path or postgresql+psycopg:// URL)")
+    return db

@@ -22,7 +22,7 @@ LIMITS, SECURITY, LOGGING = "Limits", "Security", "Logging"
 class ProxyConfig:
     """The proxy's settings; each flagged field is a `harnessrl proxy` option (`harnessrl.cli_options`)."""
 
-    # several upstreams (`upstreams.py`): every URL (`--upstream` given more than once), or a file
+    # several upstreams (`upstream/ring.py`): every URL (`--upstream` given more than once), or a file
     # listing them (re-read on SIGHUP); `upstream` is then the first
     upstreams: tuple[str, ...] = option(
         (), "--upstream", metavar="URL", panel=UPSTREAM,
@@ -50,8 +50,8 @@ class ProxyConfig:
         help="PostgreSQL: seconds a statement may wait for a lock (and a call for its locked rollout row).")
     db_statement_timeout_s: float = option(30.0, "--db-statement-timeout", panel=RECORDS,
                                            help="PostgreSQL: seconds a statement may run.")
-    # the failed-call journal (`spill.py`): calls answered 503 while the DB is away, written once it
-    # is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill (a folder per DB)
+    # the failed-call journal (`record/failed_call_journal.py`): calls answered 503 while the DB is away,
+    # written once it is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill (a folder per DB)
     spill_dir: str | None = option(
         None, panel=RECORDS, help="Folder for the failed-call journal: calls answered 503 while the records DB is "
         "away, written to it once it is back (also after a crash, by the next proxy on the DB). Default: DB-spill/ "
@@ -76,7 +76,7 @@ class ProxyConfig:
     prefix_cache_bytes: int = option(  # the prefix index's memory bound
         256 * MiB, "--prefix-cache-mb", scale=MiB, panel=SERVING,
         help="Memory bound of the prefix index (recent calls per session, for prefix-consistent prompts), MiB.")
-    # regexes of prompt spans a harness changes every call (beyond the built-in rules of `volatile.py`):
+    # regexes of prompt spans a harness changes every call (beyond the built-in rules of `prefix/volatile.py`):
     # in prefix mode a session's later calls are sent the earlier values; agent fingerprints ignore them
     volatile_patterns: tuple[str, ...] = option(
         (), "--volatile-pattern", metavar="REGEX", panel=SERVING,
@@ -109,7 +109,7 @@ class ProxyConfig:
     max_metadata_bytes: int = option(64 * KiB, "--max-metadata-kb", scale=KiB, panel=LIMITS,  # as JSON
                                      help="Largest rollout or reward metadata accepted (as JSON), in KiB.")
     # a hosted tool (web search, code execution: run inside the provider's API) in a Responses or
-    # Messages request: refused with a 400 instead of removed from what the model sees (`surface_tools`)
+    # Messages request: refused with a 400 instead of removed from what the model sees (`surfaces/hosted_tools.py`)
     strict_tools: bool = option(
         False, panel=LIMITS, help="Refuse (400) a Responses or Messages request that declares a hosted tool "
         "(web_search, code_execution, ...) instead of removing the tool and recording its removal.")

@@ -168,7 +168,7 @@ def session(name: str, tokenizer_dir: Path, out: Path) -> dict:
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    compiled = subprocess.run([sys.executable, "-m", "harnessrl", "compile", str(out / "runs.db"), "--out",
+    compiled = subprocess.run([sys.executable, "-m", "harnessrl", "compile", "--db", str(out / "runs.db"), "--out",
                                str(out / "samples"), "--tokenizer", str(tokenizer_dir)],
                               capture_output=True, text=True, timeout=300)
     return {"name": name, "out": out, "results": results, "compile": compiled}

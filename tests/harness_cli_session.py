@@ -126,7 +126,7 @@ def main(out: Path, name: str, tokenizer: str) -> None:
                 # intercept: the harness unpointed (as if it ignored every base-URL setting), so its
                 # calls reach the proxy only through mitmdump, to the vendor's host it defaults to
                 unpointed = ["env", *(f"-u{v}" for v in UNPOINTED)] if mode == "intercept" else []
-                result = _run(HARNESSRL + ["run", "--proxy", url, "--task", f"t-{name}", "--group", f"g-{name}",
+                result = _run(HARNESSRL + ["run", "--proxy", url, "--task", f"t-{name}", "--group-id", f"g-{name}",
                                            "--run", mode, "--reward-from", "exit-code", "--", *unpointed, *argv],
                               env, work)
                 found = re.search(r"harnessrl run: rollout (\S+)", result["stderr"])

@@ -36,7 +36,7 @@ def looped(tiny_model_dir, tmp_path_factory):
     assert made.returncode == 0, made.stderr[-2000:]
     run = subprocess.run(HRL + ["loop", "--cmd", AGENT, "--tasks", str(out / "tasks" / "coding.jsonl"),
                                 "--n-tasks", "3", "--eval-fraction", "0.34", "--model", str(tiny_model_dir),
-                                "--out", str(out / "loop"), "--rounds", "1", "--group", "2", "--steps", "1",
+                                "--out", str(out / "loop"), "--rounds", "1", "--group-size", "2", "--steps", "1",
                                 "--batch-size", "4", "--concurrency", "2", "--sandbox", "bwrap", "--timeout", "300"],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

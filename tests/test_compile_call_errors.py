@@ -86,16 +86,16 @@ def test_a_refused_main_call_beside_an_ok_side_call_trains_nothing(upstream, tok
 
     # the command line: the default said on the console, `keep` taken, a wrong value refused
     out = tmp_path / "cli"
-    code, stdout, _ = cli_in_process(monkeypatch, capsys, "compile", db, "--out", str(out), "--tokenizer",
+    code, stdout, _ = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--out", str(out), "--tokenizer",
                                      str(tokenizer_dir), "--train-agents", "all")
     assert code == 0 and "1 rollouts had a call refused or failed: left out" in stdout
-    code, stdout, _ = cli_in_process(monkeypatch, capsys, "compile", db, "--out", str(out), "--tokenizer",
+    code, stdout, _ = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--out", str(out), "--tokenizer",
                                      str(tokenizer_dir), "--on-call-error", "keep")
     assert code == 0 and "kept (--on-call-error keep)" in stdout
-    code, _, stderr = cli_in_process(monkeypatch, capsys, "compile", db, "--on-call-error", "ignore")
+    code, _, stderr = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--on-call-error", "ignore")
     assert code == 2 and "--on-call-error 'ignore'" in stderr
     # inspect: the rollout's error count, each call's surface, and the refused call beside the tree
-    code, stdout, _ = cli_in_process(monkeypatch, capsys, "inspect", db, "--rollout", "broken", "--tokenizer",
+    code, stdout, _ = cli_in_process(monkeypatch, capsys, "inspect", "--db", db, "--rollout", "broken", "--tokenizer",
                                      str(tokenizer_dir))
     assert code == 0 and "errors=1" in stdout and "calls in no tree" in stdout
     assert "seq=0 chat error: 400 invalid_request_error" in stdout and "seq=1 chat prompt=" in stdout

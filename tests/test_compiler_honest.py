@@ -75,10 +75,10 @@ def test_missing_outcome_is_left_out_by_default(tmp_path, tiny_model_dir, tok, m
     stats, _ = compile_(db, tmp_path / "m", tiny_model_dir, advantage="matchtir")
     assert stats["totals"]["skipped_no_outcome"] == 0 and stats["totals"]["samples"] == 3
     # the console says so
-    code, out, _ = cli_in_process(monkeypatch, capsys, "compile", db, "--out", str(tmp_path / "cli"),
+    code, out, _ = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--out", str(tmp_path / "cli"),
                                   "--tokenizer", str(tiny_model_dir))
     assert code == 0 and "1 rollouts had no outcome reward: left out of the group statistics" in out
-    code, _, err = cli_in_process(monkeypatch, capsys, "compile", db, "--missing-outcome", "drop")
+    code, _, err = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--missing-outcome", "drop")
     assert code == 2 and "--missing-outcome 'drop': use skip or zero" in err
 
 
@@ -181,7 +181,7 @@ def test_adv_config_file_and_flags_reach_stats(tmp_path, tiny_model_dir, tok, mo
     cfg = tmp_path / "adv.yaml"
     cfg.write_text("std: population\neps: 0.5\nlambda_proc: 0.3\ngamma: 0.8\nalpha: 0.5\nlambda_pen: 0.2\n")
     out = tmp_path / "out"
-    code, _, err = cli_in_process(monkeypatch, capsys, "compile", db, "--out", str(out), "--tokenizer",
+    code, _, err = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--out", str(out), "--tokenizer",
                                   str(tiny_model_dir), "--adv-config", str(cfg), "--singleton", "raw")
     assert code == 0, err
     stats = json.loads((out / "stats.json").read_text())
@@ -192,7 +192,7 @@ def test_adv_config_file_and_flags_reach_stats(tmp_path, tiny_model_dir, tok, mo
     s = pq.read_table(out / "samples.parquet").to_pylist()
     assert trained_advantages(next(x for x in s if x["rollout_id"] == "a")) == [pytest.approx(0.686292, abs=1e-5)]
     # a flag overrides the file
-    code, _, _ = cli_in_process(monkeypatch, capsys, "compile", db, "--out", str(out), "--tokenizer",
+    code, _, _ = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--out", str(out), "--tokenizer",
                                 str(tiny_model_dir), "--adv-config", str(cfg), "--std", "sample")
     assert json.loads((out / "stats.json").read_text())["options"]["adv_config"]["std"] == "sample"
     bad_json = tmp_path / "adv.json"
@@ -208,7 +208,7 @@ def test_adv_config_file_and_flags_reach_stats(tmp_path, tiny_model_dir, tok, mo
         (("--std", "mad"), "std='mad': use sample or population"),
         (("--unmarked-answer", "final"), "unmarked answer class 'final'"),
     ]:
-        code, _, err = cli_in_process(monkeypatch, capsys, "compile", db, *args)
+        code, _, err = cli_in_process(monkeypatch, capsys, "compile", "--db", db, *args)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (args, err)
 
 

@@ -289,22 +289,22 @@ def test_cli_compile_inspect_and_errors(tmp_path, tiny_model_dir, tok, monkeypat
     rec.call("b", "r", "solo", rec.extend(a[0], a[1], "x"), "bye", m)
     rec.call("c", "r", "solo", rec.render([{"role": "user", "content": "other"}]), "new", m)
     out = tmp_path / "out"
-    res = run_cli("compile", db, "--out", str(out), "--tokenizer", str(tiny_model_dir))
+    res = run_cli("compile", "--db", db, "--out", str(out), "--tokenizer", str(tiny_model_dir))
     assert res.returncode == 0, res.stderr
     assert "compile summary" in res.stdout and "token saving" in res.stdout
     assert json.loads((out / "stats.json").read_text())["totals"]["samples"] == 2
-    code, stdout, _ = cli_in_process(monkeypatch, capsys, "inspect", db, "--rollout", "r", "--tokenizer",
+    code, stdout, _ = cli_in_process(monkeypatch, capsys, "inspect", "--db", db, "--rollout", "r", "--tokenizer",
                                      str(tiny_model_dir))
     assert code == 0
     assert "merge: extends a" in stdout and "break: new root (rewrite)" in stdout
     for args, message in [
-        (("compile", str(tmp_path / "nope.db")), "records DB not found"),
-        (("compile", db, "--advantage", "ppo"), "unknown advantage estimator 'ppo'"),
-        (("compile", db, "--reward", "bleu"), "unknown reward function 'bleu'"),
-        (("compile", db, "--process", "tool_format,speed"), "unknown process reward 'speed'"),
-        (("compile", db, "--since", "yesterday"), "--since 'yesterday'"),
-        (("compile", db, "--out", str(out)), "no tokenizer"),
-        (("inspect", db, "--rollout", "zzz", "--tokenizer", str(tiny_model_dir)), "no rollout 'zzz'"),
+        (("compile", "--db", str(tmp_path / "nope.db")), "records DB not found"),
+        (("compile", "--db", db, "--advantage", "ppo"), "unknown advantage estimator 'ppo'"),
+        (("compile", "--db", db, "--reward", "bleu"), "unknown reward function 'bleu'"),
+        (("compile", "--db", db, "--process", "tool_format,speed"), "unknown process reward 'speed'"),
+        (("compile", "--db", db, "--since", "yesterday"), "--since 'yesterday'"),
+        (("compile", "--db", db, "--out", str(out)), "no tokenizer"),
+        (("inspect", "--db", db, "--rollout", "zzz", "--tokenizer", str(tiny_model_dir)), "no rollout 'zzz'"),
     ]:
         code, _, err = cli_in_process(monkeypatch, capsys, *args)
         assert code == 2, (args, err)

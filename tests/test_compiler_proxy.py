@@ -217,7 +217,7 @@ def test_compile_scope_follows_the_algorithm_registry(recorded, tmp_path, tiny_m
     import sys
 
     db, ids, _ = recorded
-    done = subprocess.run([sys.executable, "-m", "harnessrl", "compile", db, "--out", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "harnessrl", "compile", "--db", db, "--out", str(tmp_path),
                            "--rollouts", ids["planner"], "--tokenizer", str(tiny_model_dir), *flags],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -25,7 +25,7 @@ def _loop_cmd(model: Path, out: Path, rounds: int) -> list[str]:
     config = out.parent / "train.yaml"
     config.write_text("ratio_to: behaviour\nepsilon: 0.3\nlr: 0.5\n")
     return LOOP + ["loop", "--harness", "lookup", "--model", str(model), "--out", str(out), "--rounds", str(rounds),
-                   "--group", "2", "--n-tasks", "3", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4",
+                   "--group-size", "2", "--n-tasks", "3", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4",
                    "--concurrency", "4", "--train-config", str(config)]
 
 

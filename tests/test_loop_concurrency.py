@@ -92,7 +92,7 @@ def _state(out: Path) -> dict:
 def _loop(model: Path, out: Path, tasks: Path, markers: Path, sleep: float) -> list[str]:
     return LOOP + ["--cmd", f"{sys.executable} {AGENT} {{task}} {markers} --sleep {sleep}", "--tasks", str(tasks),
                    "--reward-from", "stdout-json", "--model", str(model), "--out", str(out), "--rounds", "1",
-                   "--group", "2", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "4"]
+                   "--group-size", "2", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "4"]
 
 
 def test_sigkill_mid_round_redoes_it_under_a_new_tag_counting_each_rollout_once(tiny_model_dir, tmp_path):

@@ -99,7 +99,7 @@ def test_compile_counts_embedding_calls_and_skips_them(backend, tiny_model_dir, 
             client.embeddings.create(model="tiny", input=["a", "b"])
             ro.reward(1.0)
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli_app, ["compile", db, "--out", str(out)])
+    res = CliRunner().invoke(cli_app, ["compile", "--db", db, "--out", str(out)])
     assert res.exit_code == 0, res.output
     totals = json.loads((out / "stats.json").read_text())["totals"]
     assert (totals["embeddings"], totals["calls"], totals["samples"], totals["retokenized"]) == (2, 1, 1, 0)

@@ -148,7 +148,7 @@ def test_compile_sees_the_n_samples_as_branches(backend, tiny_model_dir, tmp_pat
             client.chat.completions.create(model="tiny", messages=follow, n=3, max_tokens=6, seed=5)
             ro.reward(1.0)
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli_app, ["compile", db, "--out", str(out)])
+    res = CliRunner().invoke(cli_app, ["compile", "--db", db, "--out", str(out)])
     assert res.exit_code == 0, res.output
     rows = _calls(db)
     stats = json.loads((out / "stats.json").read_text())["totals"]

@@ -51,7 +51,7 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
     cmd = [sys.executable, "-m", "harnessrl", "loop", "--executor", "ray", "--ray-address", c.address,
            "--cmd", f"{sys.executable} {AGENT} {{task}} {markers} --barrier 4 --sleep 8", "--tasks", str(tasks),
            "--reward-from", "stdout-json", "--model", str(tiny_model_dir), "--out", str(out), "--rounds", "1",
-           "--group", "2", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "4"]
+           "--group-size", "2", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "4"]
     loop = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # four training rollouts at once on two nodes of two CPUs: both nodes run two each
     round_dir, deadline = markers / "round-0-a1", time.time() + 400

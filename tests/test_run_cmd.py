@@ -78,8 +78,7 @@ def test_run_without_interception_sets_the_base_url_and_reports_the_exit_code(pr
 
 def test_reward_from_a_file_and_later_with_harnessrl_reward(proxy, tmp_path):
     url, db = proxy
-    reward_file = tmp_path / "outcome.json"
-    done = _run("run", "--proxy", url, "--no-intercept", "--reward-from", str(reward_file), "--",
+    done = _run("run", "--proxy", url, "--no-intercept", "--reward-from", "file", "--",
                 sys.executable, "-c", "import os; open(os.environ['HARNESSRL_REWARD_FILE'], 'w').write('0.75')")
     assert done.returncode == 0, done.stderr
     assert _outcomes(db, _rollout_id(done.stderr)) == [0.75]
@@ -110,7 +109,7 @@ def test_loop_cmd_runs_two_rounds_of_an_external_script_and_resumes(tiny_model_d
     out = tmp_path / "loop"
     cmd = [*HARNESSRL, "loop", "--cmd", f"{sys.executable} agent.py {{task}} {{base_url}} {{temperature}}",
            "--tasks", str(tasks), "--reward-from", "stdout-json", "--model", str(tiny_model_dir), "--out", str(out),
-           "--rounds", "2", "--group", "2", "--n-tasks", "2", "--eval-fraction", "0.5", "--steps", "1",
+           "--rounds", "2", "--group-size", "2", "--n-tasks", "2", "--eval-fraction", "0.5", "--steps", "1",
            "--batch-size", "2", "--concurrency", "4"]
     env = {**os.environ, "COLUMNS": "200"}
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)

@@ -1,4 +1,4 @@
-"""A teacher with one command: `harnessrl run --teacher` records a program against a hosted
+"""A teacher with one command: `harnessrl run --upstream` records a program against a hosted
 model (the Anthropic stand-in), and `harnessrl loop --teacher` runs a warm-up round of the
 harness against it, keeps its best rollouts as expert traces and warms the policy up on them
 with SFT before the RL rounds on the tiny model."""
@@ -46,8 +46,8 @@ def test_run_records_a_program_against_the_teacher(teacher, tmp_path):
                       "print(r.choices[0].message.content)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
     db = tmp_path / "runs.db"
-    done = subprocess.run(CLI + ["run", "--teacher", url, "--teacher-key", KEY, "--teacher-dialect", "anthropic",
-                                 "--teacher-model", "claude-standin", "--no-intercept", "--db", str(db), "--task", "t1",
+    done = subprocess.run(CLI + ["run", "--upstream", url, "--upstream-api-key", KEY, "--upstream-dialect", "anthropic",
+                                 "--upstream-model", "claude-standin", "--no-intercept", "--db", str(db), "--task", "t1",
                                  "--reward-from", "exit-code", "--", sys.executable, str(script)],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -60,9 +60,9 @@ def test_run_records_a_program_against_the_teacher(teacher, tmp_path):
     assert ro.run == "teacher" and ro.task_id == "t1" and ro.status == "finished"
     assert call.prompt_path == TEXT_ONLY and call.status == "ok"
     assert KEY.encode() not in _everything(tmp_path) and KEY not in done.stdout + done.stderr
-    both = subprocess.run(CLI + ["run", "--teacher", url, "--model", str(tmp_path), "--", "true"],
+    both = subprocess.run(CLI + ["run", "--upstream", url, "--model", str(tmp_path), "--", "true"],
                           capture_output=True, text=True)
-    assert both.returncode == 2 and "--teacher" in both.stderr
+    assert both.returncode == 2 and "--upstream" in both.stderr
 
 
 def test_loop_warms_up_on_the_teacher_then_trains_the_policy(teacher, tiny_model_dir, tmp_path):
@@ -70,8 +70,8 @@ def test_loop_warms_up_on_the_teacher_then_trains_the_policy(teacher, tiny_model
     requests.clear()
     out = tmp_path / "loop"
     cmd = CLI + ["loop", "--harness", "lookup", "--model", str(tiny_model_dir), "--out", str(out), "--rounds", "1",
-                 "--group", "2", "--n-tasks", "3", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4",
-                 "--concurrency", "4", "--teacher", url, "--teacher-key", KEY, "--teacher-dialect", "anthropic",
+                 "--group-size", "2", "--n-tasks", "3", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4",
+                 "--concurrency", "4", "--teacher", url, "--teacher-api-key", KEY, "--teacher-dialect", "anthropic",
                  "--teacher-model", "claude-standin", "--teacher-min-reward", "1", "--teacher-sft-steps", "3"]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -74,7 +74,7 @@ def test_split_conversation_puts_the_prompt_in_input():
 def test_best_rollout_per_task_with_tools_and_provenance(teacher_db, tmp_path):
     db, tasks, ids = teacher_db
     out = tmp_path / "tasks.jsonl"
-    res = subprocess.run(CLI + ["traces", "from-rollouts", db, "--run", "teacher", "--out", str(out)],
+    res = subprocess.run(CLI + ["traces", "from-rollouts", "--db", db, "--run", "teacher", "--out", str(out)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "2 traces from 5 rollouts" in res.stdout and "1 without an outcome" in res.stdout
@@ -94,7 +94,7 @@ def test_best_rollout_per_task_with_tools_and_provenance(teacher_db, tmp_path):
     # --min-reward above every outcome: nothing; a one-line error for a bad flag pair
     traces, stats = collect(db, run="teacher", min_reward=1.5)
     assert traces == [] and stats.below_min == 4
-    bad = subprocess.run(CLI + ["traces", "from-rollouts", db], capture_output=True, text=True)
+    bad = subprocess.run(CLI + ["traces", "from-rollouts", "--db", db], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--out" in bad.stderr
 
 
@@ -121,7 +121,7 @@ def test_traces_into_the_db_feed_a_pact_step(teacher_db, tiny_model_dir, tmp_pat
         assert {t.id for t in s.scalars(select(Task))} >= {t.id for t in tasks}
 
     out = tmp_path / "compiled"
-    comp = subprocess.run(CLI + ["compile", db, "--algo", "pact", "--run", "teacher", "--out", str(out),
+    comp = subprocess.run(CLI + ["compile", "--db", db, "--algo", "pact", "--run", "teacher", "--out", str(out),
                                  "--tokenizer", str(tiny_model_dir)], capture_output=True, text=True)
     assert comp.returncode == 0, comp.stderr
     task_rows = pq.read_table(out / "tasks.parquet").to_pydict()

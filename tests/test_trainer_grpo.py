@@ -90,7 +90,7 @@ def test_cli_train_with_yaml_config_and_errors(samples, tiny_model_dir, tmp_path
 
     cfg = tmp_path / "train.yaml"
     cfg.write_text(f"model: {tiny_model_dir}\nsteps: 1\nbatch_size: 4\nlr: 0.001\nloss_agg: seq_mean\n")
-    r = _cli("train", str(samples), "--config", str(cfg), "--out", str(tmp_path / "ck"), "--version", "v-test")
+    r = _cli("train", str(samples), "--config", str(cfg), "--out", str(tmp_path / "ck"), "--weight-version", "v-test")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "ck" / "v-test" / "config.json").is_file() and (tmp_path / "ck" / "v-test" / "tokenizer.json").is_file()
     bad = [

@@ -172,7 +172,7 @@ def test_two_40k_sessions_train_in_one_step_of_batch_4(tmp_path, tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     samples = write_samples(tmp_path / "s", session_rows(tok, 40003, 2) + make_rows(tok, n_tasks=1, k=2))
     got, r = _run_cli(tmp_path, "train", str(samples), "--model", str(tiny_model_dir), "--steps", "1", "--batch-size", "4",
-                      "--out", str(tmp_path / "ck"), "--version", "long")
+                      "--out", str(tmp_path / "ck"), "--weight-version", "long")
     assert got.get("code") == 0, r.stderr[-3000:]
     assert (tmp_path / "ck" / "long" / "config.json").is_file()
     assert "per step and process (4 samples a step), activation checkpointing on" in r.stderr

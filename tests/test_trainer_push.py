@@ -113,10 +113,10 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
                                                    max_tokens=8, temperature=1.0)
                     ro.reward(float(k))  # one success and one failure per group
         out = tmp_path / "compiled"
-        r = _harnessrl("compile", db, "--out", str(out), "--tokenizer", str(tiny_model_dir))
+        r = _harnessrl("compile", "--db", db, "--out", str(out), "--tokenizer", str(tiny_model_dir))
         assert r.returncode == 0, r.stderr[-2000:]
         r = _harnessrl("train", str(out), "--model", str(tiny_model_dir), "--algo", "grpo", "--steps", "2",
-                       "--batch-size", "4", "--lr", "1e-5", "--out", str(tmp_path / "ck"), "--version", "round-1", "--push", proxy.url)
+                       "--batch-size", "4", "--lr", "1e-5", "--out", str(tmp_path / "ck"), "--weight-version", "round-1", "--push", proxy.url)
         assert r.returncode == 0, r.stderr[-2000:]
         assert "pushed" in r.stdout
         with hrl.rollout(task_id="t1", group_id="t1-next") as ro:
@@ -144,7 +144,7 @@ def test_record_compile_train_push_then_next_call_has_new_version(tmp_path, tiny
     capo = make_trainer(CapoTrainer, tiny_model_dir, out, algo="capo", partition=str(tmp_path / "partition.pt"), batch_size=4)
     capo.train()
     assert capo.state.global_step == 2
-    r = _harnessrl("compile", db, "--out", str(tmp_path / "matpo"), "--tokenizer", str(tiny_model_dir), "--advantage", "matpo")
+    r = _harnessrl("compile", "--db", db, "--out", str(tmp_path / "matpo"), "--tokenizer", str(tiny_model_dir), "--advantage", "matpo")
     assert r.returncode == 0, r.stderr[-2000:]
     matpo = make_trainer(MatpoTrainer, tiny_model_dir, tmp_path / "matpo", algo="matpo", batch_size=4)
     matpo.train()

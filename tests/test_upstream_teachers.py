@@ -163,7 +163,7 @@ def test_anthropic_teacher_recorded_text_only_and_never_a_sample(anthropic_upstr
     assert stats["text_only"] == 2 and stats["samples"] == 0 and stats["retokenized"] == 0
     # … but the teacher's conversation is an expert trace
     out = tmp_path / "traces.jsonl"
-    done = subprocess.run(CLI + ["traces", "from-rollouts", db, "--run", "teacher", "--out", str(out)],
+    done = subprocess.run(CLI + ["traces", "from-rollouts", "--db", db, "--run", "teacher", "--out", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     row = json.loads(out.read_text())

@@ -25,7 +25,7 @@ def test_loop_round_on_vllm(vllm_url, vllm_model_dir, tmp_path):
 
     def loop(rounds: int) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "harnessrl", "loop", "--harness", "lookup", "--model", str(vllm_model_dir),
-               "--upstream", vllm_url, "--out", str(out), "--rounds", str(rounds), "--group", "2", "--n-tasks", "3",
+               "--upstream", vllm_url, "--out", str(out), "--rounds", str(rounds), "--group-size", "2", "--n-tasks", "3",
                "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "2"]
         try:
             return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},

@@ -35,11 +35,11 @@ def test_lora_push_through_the_proxy_then_calls_name_the_adapter(vllm_model_dir,
             record_rollouts(proxy.url)
             probe(proxy.url)
             out = tmp_path / "compiled"
-            r = harnessrl("compile", db, "--out", str(out), "--tokenizer", str(vllm_model_dir))
+            r = harnessrl("compile", "--db", db, "--out", str(out), "--tokenizer", str(vllm_model_dir))
             assert r.returncode == 0, r.stderr[-2000:]
             r = harnessrl("train", str(out), "--model", str(vllm_model_dir), "--algo", "grpo", "--steps", "1",
                           "--batch-size", "4", "--lr", "1e-2", "--lora", "--out", str(tmp_path / "ck"),
-                          "--version", "lora-1", "--push", proxy.url)
+                          "--weight-version", "lora-1", "--push", proxy.url)
             assert r.returncode == 0, r.stderr[-2000:]
             probe(proxy.url)
     before, after = [c for c in calls(db) if c.rollout_id == "unassigned"]

@@ -55,10 +55,10 @@ def test_train_push_through_the_proxy_then_calls_are_the_new_weights(vllm_url, v
             record_rollouts(proxy.url)
             probe(proxy.url)
             out = tmp_path / "compiled"
-            r = harnessrl("compile", db, "--out", str(out), "--tokenizer", str(vllm_model_dir))
+            r = harnessrl("compile", "--db", db, "--out", str(out), "--tokenizer", str(vllm_model_dir))
             assert r.returncode == 0, r.stderr[-2000:]
             r = harnessrl("train", str(out), "--model", str(vllm_model_dir), "--algo", "grpo", "--steps", "1",
-                          "--batch-size", "4", "--lr", "1e-3", "--out", str(tmp_path / "ck"), "--version", "round-1",
+                          "--batch-size", "4", "--lr", "1e-3", "--out", str(tmp_path / "ck"), "--weight-version", "round-1",
                           "--push", proxy.url)
             assert r.returncode == 0, r.stderr[-2000:]
             probe(proxy.url)

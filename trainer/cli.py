@@ -6,67 +6,27 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from harnessrl.console import Console
 
-from harnessrl.algorithms import algo_help
+from harnessrl.cli_options import from_config
+from harnessrl.trainer.config import TrainConfig
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the main app."""
 
     @app.command("train")
+    @from_config(TrainConfig, unset_is_none=True)
     def train(
+        flags: dict,
         samples: Path = typer.Argument(..., help="Directory written by `harnessrl compile` (samples.parquet)."),
-        model: Optional[str] = typer.Option(None, "--model", help="Model directory (HF checkpoint)."),
-        algo: Optional[str] = typer.Option(None, "--algo", help=algo_help()),
-        out: Optional[str] = typer.Option(None, "--out", help="Checkpoint directory (one sub-directory per version)."),
-        steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps."),
-        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per optimizer step."),
-        partition: Optional[str] = typer.Option(None, "--partition", help="CAPO partition file (capo-partition)."),
-        lr: Optional[float] = typer.Option(None, "--lr"),
-        epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Clip ε (low; high too unless set in the config)."),
-        beta: Optional[float] = typer.Option(None, "--beta", help="KL coefficient to the reference model."),
-        loss_agg: Optional[str] = typer.Option(
-            None, "--loss-agg", help="token_mean | seq_mean | rollout_mean | prompt_mean (default: the algorithm's paper's: "
-                                     "rollout_mean for matpo, prompt_mean for pact, token_mean otherwise)."),
-        pact_gate: Optional[str] = typer.Option(
-            None, "--pact-gate", help="pact: epoch (default: one anchor gate per prompt per pass over the samples, the "
-                                      "paper's) | step (redrawn every optimizer step)."),
-        pact_level_limits_context: Optional[bool] = typer.Option(
-            None, "--pact-level-limits-context/--pact-level-sft-only",
-            help="pact: the annealed reasoning-prefix level limits the privileged context too (default, the paper's), "
-                 "or only the SFT targets."),
-        pact_schedule_start: Optional[int] = typer.Option(
-            None, "--pact-schedule-start", help="pact: the step of the whole training this run starts at (λ_a and level annealing; default 0)."),
-        pact_schedule_steps: Optional[int] = typer.Option(
-            None, "--pact-schedule-steps", help="pact: the annealing horizon S in steps (default: --steps; `loop` sets both over its rounds)."),
-        lora: Optional[bool] = typer.Option(None, "--lora/--full", help="Train a LoRA adapter (PEFT)."),
-        push: Optional[str] = typer.Option(None, "--push", help="Push the checkpoint to this proxy or vLLM URL."),
-        version: Optional[str] = typer.Option(None, "--version", help="Weight version name for the checkpoint."),
-        db: Optional[str] = typer.Option(None, "--db", help="Records DB to record a vLLM push's weight version in."),
-        report_to: Optional[str] = typer.Option(None, "--report-to", help="TRL/transformers loggers (none, tensorboard, wandb, ...)."),
-        max_tokens_per_microbatch: Optional[int] = typer.Option(
-            None, "--max-tokens-per-microbatch", help="Tokens a micro-batch packs at most (default: from the free memory)."),
-        max_sample_tokens: Optional[int] = typer.Option(
-            None, "--max-sample-tokens", help="Truncate longer samples to this many tokens (or skip them: --over-length skip)."),
-        over_length: Optional[str] = typer.Option(None, "--over-length", help="truncate | skip (with --max-sample-tokens)"),
-        gradient_checkpointing: Optional[bool] = typer.Option(
-            None, "--gradient-checkpointing/--no-gradient-checkpointing",
-            help="Activation checkpointing (default: on when a sample has 8192 tokens or more)."),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML file with any of these options."),
     ) -> None:
         """Train the policy on compiled samples with TRL (docs/methods.md §6) and optionally push the weights."""
         from harnessrl.trainer.config import load_config
         from harnessrl.trainer.run import train as run_train
 
-        cfg = load_config(config, dict(
-            samples=str(samples), model=model, algo=algo, out=out, steps=steps, batch_size=batch_size,
-            partition=partition, lr=lr, epsilon=epsilon, beta=beta, loss_agg=loss_agg, lora=lora, push=push,
-            version=version, db=db, report_to=report_to, max_tokens_per_microbatch=max_tokens_per_microbatch,
-            max_sample_tokens=max_sample_tokens, over_length=over_length, gradient_checkpointing=gradient_checkpointing,
-            pact_gate=pact_gate, pact_level_limits_context=pact_level_limits_context,
-            pact_schedule_start=pact_schedule_start, pact_schedule_steps=pact_schedule_steps,
-        ))
+        cfg = load_config(config, {**flags, "samples": str(samples)})
         if not cfg.model:
             from harnessrl.errors import UserError
 
@@ -110,17 +70,23 @@ def register(app: typer.Typer) -> None:
     def vllm(
         ctx: typer.Context,
         model: str = typer.Argument(..., help="Model directory or name for `vllm serve`."),
-        host: str = typer.Option("127.0.0.1", "--host"),
-        port: int = typer.Option(8001, "--port"),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address vLLM listens on."),
+        port: int = typer.Option(8001, "--port", help="Port vLLM listens on."),
         lora: bool = typer.Option(False, "--lora", help="Serve LoRA adapters loaded at run time (else full-weight reload)."),
-        max_lora_rank: int = typer.Option(64, "--max-lora-rank"),
+        max_lora_rank: int = typer.Option(64, "--max-lora-rank", help="Largest LoRA rank vLLM accepts (--lora)."),
         vllm_bin: Optional[str] = typer.Option(None, "--vllm-bin", help="The vllm executable of its own environment."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the command instead of running it."),
     ) -> None:
         """Start vLLM from its own environment with the flags harnessrl needs; extra args go to `vllm serve`."""
+        from harnessrl.errors import UserError
         from harnessrl.trainer.vllm import find_vllm, run_vllm, serve_command
 
-        binary = vllm_bin if dry_run and vllm_bin else find_vllm(vllm_bin)
+        try:
+            binary = vllm_bin if dry_run and vllm_bin else find_vllm(vllm_bin)
+        except UserError:
+            if not dry_run:
+                raise
+            binary = "vllm"  # a dry run shows the command without vLLM installed here: `vllm` from the PATH
         cmd, env = serve_command(binary, model, host, port, lora, max_lora_rank, extra=list(ctx.args))
         if dry_run:
             print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
@@ -134,9 +100,9 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("sft-model"), "--out", help="Directory for the fine-tuned model."),
         steps: int = typer.Option(200, "--steps", help="Optimizer steps."),
         batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
-        lr: float = typer.Option(3e-3, "--lr"),
+        lr: float = typer.Option(3e-3, "--lr", help="Learning rate."),
         call_weight: float = typer.Option(1.0, "--call-weight", help="Loss weight of complete tool-call spans."),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="Seed of the data order and sampling."),
     ) -> None:
         """Supervised warm start on expert traces (targets: the expert's reasoning, tool calls and answers)."""
         from harnessrl.trainer.sft import SftConfig, sft

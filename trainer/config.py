@@ -1,4 +1,5 @@
-"""Training configuration: one dataclass, filled from defaults, then a YAML file, then CLI flags.
+"""Training configuration: one dataclass, filled from defaults, then a YAML file, then CLI flags
+(each flag defined here, on its field, with its help: `harnessrl.cli_options`).
 
 Every docs/methods.md §6 constant is a field here, never a literal in the objectives."""
 
@@ -8,40 +9,50 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from harnessrl.algorithms import get_algorithm
+from harnessrl.algorithms import algo_help, get_algorithm
+from harnessrl.cli_options import option
 from harnessrl.errors import UserError
 
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean", "prompt_mean")
 PACT_GATES = ("epoch", "step")
 RATIO_TO = ("step", "behaviour")
 OVER_LENGTH = ("truncate", "skip")
+# the help panels of `harnessrl train` (a flagged field is an option; the others are set in the YAML --config)
+TRAINING, LONG, PUSH, CAPO, PACT, LOGGING = "Training", "Long samples", "Push", "CAPO", "PACT", "Logging"
 
 
 @dataclass
 class TrainConfig:
-    samples: str = ""
-    model: str = ""
-    algo: str = "grpo"
-    out: str = "checkpoints"
-    steps: int = 1
-    batch_size: int = 8  # samples per optimizer step, all processes together
+    samples: str = ""  # the command's argument
+    model: str = option("", panel=TRAINING, help="Model directory (HF checkpoint).")
+    algo: str = option("grpo", panel=TRAINING, help=algo_help())
+    out: str = option("checkpoints", panel=TRAINING, help="Checkpoint directory (one sub-directory per version).")
+    steps: int = option(1, panel=TRAINING, help="Optimizer steps.")
+    batch_size: int = option(  # samples per optimizer step, all processes together
+        8, panel=TRAINING, help="Samples per optimizer step.")
     # micro-batches per optimizer step and process: at least this many; more when the step's samples
     # do not fit one --max-tokens-per-microbatch (trainer/steps.py)
     grad_accum: int = 1
-    max_tokens_per_microbatch: int | None = None  # None: from the free memory (trainer/budget.py)
-    max_sample_tokens: int | None = None  # longer samples are truncated or skipped (over_length); None: no limit
-    over_length: str = "truncate"  # truncate | skip
-    lr: float = 1e-6
+    max_tokens_per_microbatch: int | None = option(  # None: from the free memory (trainer/budget.py)
+        None, panel=LONG, help="Tokens a micro-batch packs at most (default: from the free memory).")
+    max_sample_tokens: int | None = option(  # longer samples are truncated or skipped (over_length); None: no limit
+        None, panel=LONG, help="Truncate longer samples to this many tokens (or skip them: --over-length skip).")
+    over_length: str = option("truncate", panel=LONG, help="truncate | skip (with --max-sample-tokens)")
+    lr: float = option(1e-6, panel=TRAINING, help="Learning rate.")
     weight_decay: float = 0.0
     # transformers' `optim` (adamw_torch, sgd, ...). Adam moves every parameter by about lr at a round's
     # first steps whatever its gradient; sgd moves each in proportion to it (needs a far larger lr)
     optim: str = "adamw_torch"
-    epsilon: float = 0.2  # ε_lo
+    epsilon: float = option(  # ε_lo
+        0.2, panel=TRAINING, help="Clip ε (low; high too unless set in the config).")
     epsilon_high: float | None = None  # ε_hi; None = ε_lo
-    beta: float | None = None  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
+    beta: float | None = option(  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
+        None, panel=TRAINING, help="KL coefficient to the reference model.")
     # over the whole optimizer step (trainer/normalise.py); None: the algorithm's paper's, from its
     # registry entry (grpo, capo token_mean; matpo rollout_mean; pact prompt_mean)
-    loss_agg: str | None = None
+    loss_agg: str | None = option(
+        None, panel=TRAINING, help="token_mean | seq_mean | rollout_mean | prompt_mean (default: the algorithm's "
+        "paper's: rollout_mean for matpo, prompt_mean for pact, token_mean otherwise).")
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
     tis_cap: float = 2.0
@@ -54,20 +65,26 @@ class TrainConfig:
     # below 1 the round learns mostly from what worked. 0 keeps only positive advantages
     negative_weight: float = 1.0
     seed: int = 0
-    lora: bool = False
+    lora: bool = option(False, "--lora/--full", panel=TRAINING, help="Train a LoRA adapter (PEFT).")
     lora_r: int = 16
     lora_alpha: int = 32
     lora_target: str = "all-linear"
-    report_to: str = "none"
+    report_to: str = option("none", panel=LOGGING,
+                            help="TRL/transformers loggers (none, tensorboard, wandb, ...).")
     logging_steps: int = 1
     bf16: bool = False
-    gradient_checkpointing: bool | None = None  # None: on when a sample is longer than budget.LONG_SAMPLE tokens
-    push: str | None = None  # proxy URL (local backend) or vLLM URL
+    gradient_checkpointing: bool | None = option(  # None: on when a sample is longer than budget.LONG_SAMPLE tokens
+        None, "--gradient-checkpointing/--no-gradient-checkpointing", panel=LONG,
+        help="Activation checkpointing (default: on when a sample has 8192 tokens or more).")
+    push: str | None = option(  # proxy URL (local backend) or vLLM URL
+        None, panel=PUSH, help="Push the checkpoint to this proxy or vLLM URL.")
     push_target: str = "auto"  # auto | proxy | vllm
-    version: str | None = None  # weight version name for the push; default derived from the out dir
-    db: str | None = None  # records DB to record a vLLM push's weight version in
+    version: str | None = option(  # weight version name for the push; default derived from the out dir
+        None, "--weight-version", deprecated=("--version",), panel=PUSH, help="Weight version name for the checkpoint.")
+    # the records DB (its weight-version table) that a vLLM push is recorded in, as the proxy records its own
+    db: str | None = option(None, panel=PUSH, help="Records DB to record a vLLM push's weight version in.")
     # capo (§6.2)
-    partition: str | None = None
+    partition: str | None = option(None, panel=CAPO, help="CAPO partition file (capo-partition).")
     capo_gamma: float = 0.0
     capo_other: bool = True  # L_other on reasoning/format tokens with full-parameter gradient
     # pact (§6.4)
@@ -77,16 +94,23 @@ class TrainConfig:
     pact_lambda_end: float = 0.2
     # one gate z_i per prompt for each pass over the samples (the paper's z_i^(e)), so all of a prompt's
     # rollouts share it wherever the shuffle puts them; "step": redrawn at every optimizer step
-    pact_gate: str = "epoch"
+    pact_gate: str = option(
+        "epoch", panel=PACT, help="pact: epoch (default: one anchor gate per prompt per pass over the samples, the "
+        "paper's) | step (redrawn every optimizer step).")
     # the annealed reasoning-prefix level limits the privileged context c^h too (the paper: later updates
     # are "progressively closer to the prompt-only setting"); False: c^h always shows level 4, the level
     # limits the SFT targets only
-    pact_level_limits_context: bool = True
+    pact_level_limits_context: bool = option(
+        True, "--pact-level-limits-context/--pact-level-sft-only", panel=PACT,
+        help="pact: the annealed reasoning-prefix level limits the privileged context too (default, the paper's), "
+        "or only the SFT targets.")
     # where this run lies in the whole training, for λ_a's and the level's annealing (the paper anneals
     # once over all of training): the schedule's step at this run's first step, and its horizon S
     # (None: this run's --steps). `loop` sets both, so the schedules run once over all its rounds
-    pact_schedule_start: int = 0
-    pact_schedule_steps: int | None = None
+    pact_schedule_start: int = option(0, panel=PACT, help="pact: the step of the whole training this run starts at "
+                                      "(λ_a and level annealing; default 0).")
+    pact_schedule_steps: int | None = option(None, panel=PACT, help="pact: the annealing horizon S in steps (default: "
+                                             "--steps; `loop` sets both over its rounds).")
 
     def kl_beta(self) -> float:
         if self.beta is not None:

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from harnessrl.console import Console
 
 import harnessrl
-from harnessrl.algorithms import algo_help
 from harnessrl.app import cli_tracing
 from harnessrl.app.harnesses import harness_help
+from harnessrl.cli_options import algo_option, old_spelling, records_db_option, renamed
 from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
 from harnessrl.proxy import cli as proxy_cli
@@ -66,7 +66,7 @@ def tiny_model(
 
 @db_app.command("upgrade")
 def db_upgrade(
-    db: str = typer.Option("runs.db", "--db", help="SQLite path or postgresql+psycopg:// URL."),
+    db: str = records_db_option(),
 ) -> None:
     """Create the records DB or migrate it to the newest schema."""
     from harnessrl.db import make_engine, shown_db, upgrade
@@ -84,14 +84,15 @@ def loop(
                             "needs --tasks."),
     reward: str = typer.Option(None, "--reward", help="Compile-time outcome reward against the tasks' references "
                                "(f1 | exact_match | contains | module:fn); default: the reported outcome."),
-    reward_from: str = typer.Option(None, "--reward-from", help="--cmd's outcome: exit-code | stdout-json | file "
-                                    "(at $HARNESSRL_REWARD_FILE); default: what the program reported itself."),
+    reward_from: str = typer.Option(None, "--reward-from", help="--cmd: " + cli_tracing.REWARD_FROM_HELP
+                                    + " Default: what the program reported itself."),
     intercept: bool = typer.Option(False, "--intercept/--no-intercept", help="--cmd: route hard-coded LLM API "
                                    "hosts through mitmproxy (.venv-mitm)."),
     model: Path = typer.Option(..., help="Model directory the first round starts from."),
-    algo: str = typer.Option("grpo", help=algo_help()),
+    algo: str = algo_option("grpo"),
     rounds: int = typer.Option(2, help="Rounds of rollouts → compile → train → push → eval."),
-    group: int = typer.Option(4, help="Rollouts per training task per round (the GRPO group)."),
+    group_size: int = typer.Option(4, "--group-size", help="Rollouts per training task per round (the GRPO group)."),
+    group_old: int | None = old_spelling("--group"),
     tasks: Path | None = typer.Option(None, help="Task file of the harness (default: generated tasks)."),
     corpus: Path | None = typer.Option(None, help="Search harnesses: corpus JSONL for a real --tasks QA file."),
     n_tasks: int = typer.Option(8, help="Tasks to use (generated or first of --tasks)."),
@@ -121,8 +122,9 @@ def loop(
     teacher: str = typer.Option(None, "--teacher", help="A stronger model's base URL: a warm-up round runs the "
                                 "harness against it first, and its best rollouts become expert traces (SFT warm "
                                 "start, PACT)."),
-    teacher_key: str = typer.Option(None, "--teacher-key", envvar="HARNESSRL_TEACHER_API_KEY",
+    teacher_key: str = typer.Option(None, "--teacher-api-key", envvar="HARNESSRL_TEACHER_API_KEY",
                                     help="The teacher's API key (never recorded)."),
+    teacher_key_old: str | None = old_spelling("--teacher-key"),
     teacher_dialect: str = typer.Option("openai-chat", "--teacher-dialect",
                                         help="openai-chat | openai-responses | anthropic."),
     teacher_model: str = typer.Option(None, "--teacher-model", help="Model name to ask the teacher for."),
@@ -140,10 +142,12 @@ def loop(
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
     from harnessrl.app.loop import LoopConfig, Teacher, run_loop
 
+    group_size = renamed(group_size, group_old, "--group", "--group-size")
+    teacher_key = renamed(teacher_key, teacher_key_old, "--teacher-key", "--teacher-api-key")
     mentor = (Teacher(teacher, teacher_key, teacher_dialect, teacher_model, teacher_ca, teacher_min_reward,
                       teacher_sft_steps) if teacher else None)
     run_loop(LoopConfig(teacher=mentor, harness=harness or "", cmd=cmd, reward=reward, reward_from=reward_from, intercept=intercept,
-                        algo=algo, rounds=rounds, group=group, model=str(model), db=db, out=out,
+                        algo=algo, rounds=rounds, group=group_size, model=str(model), db=db, out=out,
                         tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
                         batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed,
                         upstream=upstream, executor=executor, ray_address=ray_address,
@@ -156,7 +160,7 @@ def loop(
 def demo(
     out: Path = typer.Option(Path("demo"), help="Output directory (tiny model, DB, samples, checkpoints)."),
     rounds: int = typer.Option(2, help="Loop rounds."),
-    algo: str = typer.Option("grpo", help=algo_help()),
+    algo: str = algo_option("grpo"),
     sft_steps: int = typer.Option(400, help="Warm-start SFT steps on expert traces (0: start from the raw tiny model)."),
 ) -> None:
     """The main job end to end on the embedded default: tiny model, proxy, harness, compile, train, push."""
@@ -197,6 +201,27 @@ proxy_cli.register(app, ui=_viewer)
 cli_tracing.register(app)
 for _part in (compiler_cli, trainer_cli, viewer_cli):
     _part.register(app)
+
+# `harnessrl --help` lists the commands in panels, in the order of the work (each part registers its
+# own commands, in no useful order): record, compile, train, then the tools
+PANELS = {
+    "Record": ("proxy", "run", "reward", "intercept"),
+    "Compile": ("compile", "inspect", "traces", "tasks"),
+    "Train": ("train", "loop", "vllm", "sft", "capo-partition"),
+    "Tools": ("ui", "demo", "tiny-model", "db"),
+}
+
+
+def _arrange(typer_app: typer.Typer) -> None:
+    order = [name for names in PANELS.values() for name in names]
+    panel = {name: title for title, names in PANELS.items() for name in names}
+    for infos in (typer_app.registered_commands, typer_app.registered_groups):
+        for info in infos:
+            info.rich_help_panel = panel[info.name]  # a new command must be given a panel here
+        infos.sort(key=lambda info: order.index(info.name))
+
+
+_arrange(app)
 
 
 def main() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
 
+from harnessrl.cli_options import old_spelling, renamed, warn_deprecated
 from harnessrl.errors import UserError
 
 _HOSTS_HELP = "YAML/JSON list of more LLM API hosts: names such as llm.corp.example or patterns such as *.gw.example."
@@ -23,6 +26,9 @@ CPU_HELP = "CPU seconds per process of the command (RLIMIT_CPU)."
 REWARD_CMD_HELP = ("Shell line run in the workspace (in the sandbox) after the command to score it; default for "
                    "tasks with hidden tests: python -m pytest -q hidden_tests.")
 REWARD_MODE_HELP = "Reward from the tests: pass-fraction (passed / run) | all-pass (1 only if all pass)."
+# `run` and `loop --cmd`: one spelling of the command's own outcome (a file: `file`, one per rollout)
+REWARD_FROM_HELP = ("Outcome: exit-code (0 → 1.0, else 0.0) | stdout-json (last line: 0.7 or {\"reward\": 0.7}) | "
+                    "file (written by the command, one per rollout; its path is in $HARNESSRL_REWARD_FILE).")
 
 
 def rollout_flags(sandbox: str | None, timeout: float | None, memory: str, cpu_time: int | None,
@@ -81,47 +87,67 @@ def register(app: typer.Typer) -> None:
         cpu_time: int = typer.Option(3600, "--cpu-time", help=CPU_HELP),
         reward_cmd: str = typer.Option(None, "--reward-cmd", help=REWARD_CMD_HELP),
         reward_mode: str = typer.Option("pass-fraction", "--reward-mode", help=REWARD_MODE_HELP),
-        group: str = typer.Option(None, "--group", help="Group id of the rollout (GRPO group)."),
+        group_id: str = typer.Option(None, "--group-id", help="Group id of the rollout (GRPO group)."),
+        group_old: str = old_spelling("--group"),
         run_tag: str = typer.Option(None, "--run", help="Run tag of the rollout."),
         agent: str = typer.Option("main", "--agent", help="Agent name of the command's calls."),
         intercept: bool = typer.Option(True, "--intercept/--no-intercept",
                                        help="Route hard-coded LLM API hosts through mitmproxy (default: on)."),
         only_llm: bool = typer.Option(False, "--only-llm", help="With interception: refuse all other traffic (403)."),
         hosts: Path = typer.Option(None, "--hosts", help=_HOSTS_HELP),
-        reward_from: str = typer.Option(None, "--reward-from",
-                                        help="Outcome: exit-code (0 → 1.0, else 0.0) | stdout-json (last line: 0.7 "
-                                             "or {\"reward\": 0.7}) | FILE (written by the command; its path is "
-                                             "in $HARNESSRL_REWARD_FILE)."),
+        reward_from: str = typer.Option(None, "--reward-from", help=REWARD_FROM_HELP),
         mitmdump: str = typer.Option(None, "--mitmdump", help=_MITM_HELP),
         ca: Path = typer.Option(None, "--ca-dir", help=_CA_HELP),
-        teacher: str = typer.Option(None, "--teacher", help="Without --proxy: record the command against this "
+        # the embedded proxy's upstream: the `harnessrl proxy` names (a teacher, in the run tag)
+        teacher: str = typer.Option(None, "--upstream", help="Without --proxy: record the command against this "
                                     "stronger model (its base URL) instead of --model; run tag 'teacher' unless --run."),
-        teacher_key: str = typer.Option(None, "--teacher-key", envvar="HARNESSRL_TEACHER_API_KEY",
-                                        help="The teacher's API key (never recorded)."),
-        teacher_dialect: str = typer.Option("openai-chat", "--teacher-dialect",
+        teacher_key: str = typer.Option(None, "--upstream-api-key",
+                                        envvar=["HARNESSRL_UPSTREAM_API_KEY", "HARNESSRL_TEACHER_API_KEY"],
+                                        help="The upstream's API key (never recorded)."),
+        teacher_dialect: str = typer.Option("openai-chat", "--upstream-dialect",
                                             help="openai-chat | openai-responses | anthropic."),
-        teacher_model: str = typer.Option(None, "--teacher-model", help="Model name to ask the teacher for."),
+        teacher_model: str = typer.Option(None, "--upstream-model", help="Model name to ask the upstream for."),
+        teacher_old: str = old_spelling("--teacher"),
+        teacher_key_old: str = old_spelling("--teacher-key"),
+        teacher_dialect_old: str = old_spelling("--teacher-dialect"),
+        teacher_model_old: str = old_spelling("--teacher-model"),
     ) -> None:
         """Run CMD as one rollout: base-URL variables (and a Codex provider, CODEX_HOME) and
         (default) interception set, outcome reported, rollout finished; exits with CMD's exit code."""
         from harnessrl.app.intercept import InterceptConfig, read_hosts
-        from harnessrl.app.run_cmd import RunOptions, run_command
+        from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, run_command
 
+        group_id = renamed(group_id, group_old, "--group", "--group-id")
+        teacher = renamed(teacher, teacher_old, "--teacher", "--upstream")
+        teacher_key = renamed(teacher_key, teacher_key_old, "--teacher-key", "--upstream-api-key")
+        teacher_dialect = renamed(teacher_dialect, teacher_dialect_old, "--teacher-dialect", "--upstream-dialect")
+        teacher_model = renamed(teacher_model, teacher_model_old, "--teacher-model", "--upstream-model")
         icfg = InterceptConfig(proxy="", port=0, hosts=read_hosts(hosts), only_llm=only_llm, mitmdump=mitmdump,
                                ca_dir=ca) if intercept else None
         if not intercept and (only_llm or hosts):
             raise UserError("--only-llm and --hosts need interception (drop --no-intercept)")
         _exit_on_sigterm()
         if teacher and (proxy or model):
-            raise UserError("--teacher starts a proxy in front of the teacher: give it without --proxy and --model")
-        opts = RunOptions(task=task, group=group, run=run_tag or ("teacher" if teacher else None), agent=agent,
+            raise UserError("--upstream starts a proxy in front of that model: give it without --proxy and --model")
+        reward_dir = tempfile.mkdtemp(prefix="harnessrl-reward-") if reward_from == "file" else None
+        if reward_dir is not None:
+            reward_from = str(Path(reward_dir) / "reward")
+        elif reward_from not in (None, *REWARD_SOURCES):
+            warn_deprecated(f"--reward-from {reward_from}", "--reward-from file (the command finds the file's path "
+                            "in $HARNESSRL_REWARD_FILE)")
+        opts = RunOptions(task=task, group=group_id, run=run_tag or ("teacher" if teacher else None), agent=agent,
                           reward_from=reward_from)
         if tasks is not None or sandbox is not None or timeout is not None or reward_cmd is not None:
             from harnessrl.app.limited_run import limit_run
 
             opts = limit_run(opts, tasks, rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode))
         mentor = (teacher, teacher_key, teacher_dialect, teacher_model) if teacher else None
-        raise typer.Exit(run_command(list(cmd or []), opts, proxy, model, db, icfg, teacher=mentor))
+        try:
+            code = run_command(list(cmd or []), opts, proxy, model, db, icfg, teacher=mentor)
+        finally:
+            if reward_dir is not None:
+                shutil.rmtree(reward_dir, ignore_errors=True)
+        raise typer.Exit(code)
 
     @app.command("reward")
     def reward(
