@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import RolloutResult
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import make_client, resolve_model
 from harnessrl.harness_examples.search_task import SearchTaskSet, export_tasks, load_search_tasks

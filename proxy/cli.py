@@ -26,7 +26,7 @@ def register(app: typer.Typer, ui: Callable[[str, str | None, str | None], Any] 
                                    "/ui/ (with --api-key it asks for that key: a browser signs in once)."),
     ) -> None:
         """Run the recording proxy: an OpenAI-compatible endpoint that records every call."""
-        from rich.console import Console
+        from harnessrl.console import Console
 
         from harnessrl.proxy.logs import configure
         from harnessrl.proxy.server import serve

@@ -23,7 +23,7 @@ def ui_cmd(
     import socket
 
     import uvicorn
-    from rich.console import Console
+    from harnessrl.console import Console
 
     from harnessrl.db import shown_db
     from harnessrl.errors import UserError

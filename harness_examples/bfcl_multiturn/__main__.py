@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.harness_examples import search_cli as o
 from harnessrl.harness_examples.bfcl_multiturn.data import export_tasks as write_tasks

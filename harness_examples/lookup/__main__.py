@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from harnessrl.console import Console
 from harnessrl.harness_examples.lookup import tasks as lookup_tasks
 from harnessrl.harness_examples.lookup.harness import LookupConfig, run_rollout
 from harnessrl.harness_examples.runner import main, results_table, run_many

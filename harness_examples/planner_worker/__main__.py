@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from harnessrl.console import Console
 from harnessrl.harness_examples import search_cli as o
 from harnessrl.harness_examples.planner_worker.harness import PlannerWorkerConfig, run_rollout
 from harnessrl.harness_examples.runner import main, results_table, run_many

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, select
 
 from harnessrl.app.loop import LoopConfig, run_loop
+from harnessrl.console import Console
 from harnessrl.db import open_db
 from harnessrl.harness_examples.lookup import tasks as lookup_tasks
 from harnessrl.records import Call, Reward, Rollout, WeightVersion

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
@@ -38,6 +37,7 @@ from harnessrl.app.limited_run import RolloutFlags
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
+from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.trainer.capo_partition import build_partition, write_outputs

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-from rich.console import Console
 
 from harnessrl.app.codex_home import KEY_ENV, codex_home
 from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
 from harnessrl.app.sandbox import Limits
 from harnessrl.app.workspace import CodingTask
 from harnessrl.client import HarnessRL, HarnessRLError, Rollout
+from harnessrl.console import Console
 from harnessrl.errors import UserError
 
 REWARD_SOURCES = ("exit-code", "stdout-json")  # or a file path
