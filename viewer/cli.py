@@ -6,9 +6,11 @@ from pathlib import Path
 
 import typer
 
+from harnessrl.cli_options import records_db_option
+
 
 def ui_cmd(
-    db: str = typer.Option("runs.db", "--db", help="Records DB: SQLite path or postgresql+psycopg:// URL."),
+    db: str = records_db_option(),
     samples: Path | None = typer.Option(None, "--samples", help="A compile output directory: show loss masks and advantages."),
     loop: Path | None = typer.Option(None, "--loop", help="A `harnessrl loop` output directory: the runs page."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir, else the --loop checkpoint)."),
