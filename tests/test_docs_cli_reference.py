@@ -72,7 +72,7 @@ def test_every_option_of_a_command_is_listed_with_its_help(page, command):
 def test_defaults_and_required_are_shown(page):
     loop = _section(page, "harnessrl loop")
     assert re.search(r"`--rounds <int>` \| .*\\\[default: 2\\\]", loop)
-    assert re.search(r"`--model <path>` \| .*\\\[required\\\]", loop)
+    assert re.search(r"`--model <\w+>` \| .*\\\[required\\\]", loop)
 
 
 def test_links_between_commands_resolve_to_headings(page):
