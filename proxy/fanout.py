@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
 
 import orjson
 from starlette.responses import Response, StreamingResponse
@@ -36,9 +35,8 @@ from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.record.recorder import CallRecord
 from harnessrl.proxy.prefix.index import Turn
-
-if TYPE_CHECKING:
-    from harnessrl.proxy.serving import Serving, Wire
+from harnessrl.proxy.serving import Serving
+from harnessrl.proxy.surfaces.adapter import Wire
 
 
 def check_best_of(body: dict) -> None:
@@ -97,7 +95,7 @@ async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str
     if any(errors):
         return error_response(await _fail_all(serving, recs, errors, t0), headers)
     for rec, r, data in zip(recs, results, datas):
-        serving._fill(rec, r, data, t0)
+        serving.fill(rec, r, data, t0)
     chosen = _best(results, req.n)
     for i, rec in enumerate(recs):
         if i not in chosen:
@@ -107,7 +105,7 @@ async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str
     except ProxyError as err:
         return error_response(err, headers)
     for i in chosen:
-        serving._remember(recs[i], ident, req, results[i], prompt.turn)
+        serving.remember(recs[i], ident, req, results[i], prompt.turn)
     headers["x-harnessrl-call"] = recs[chosen[0]].id
     headers["x-harnessrl-calls"] = ",".join(recs[i].id for i in chosen)
     body = merge_responses([datas[i] for i in chosen], [r.usage for r in results])
@@ -156,7 +154,7 @@ async def _fail_all(serving: Serving, recs: list[CallRecord], errors: list[Proxy
 
 
 async def _commit_all(serving: Serving, recs: list[CallRecord]) -> None:
-    outcomes = await asyncio.gather(*(serving._commit(r) for r in recs), return_exceptions=True)
+    outcomes = await asyncio.gather(*(serving.commit(r) for r in recs), return_exceptions=True)
     for o in outcomes:
         if isinstance(o, BaseException):
             raise as_proxy_error(o)
@@ -179,7 +177,7 @@ async def _relay(serving: Serving, req: Request, ident: Identity, recs: list[Cal
                     raise item
                 if isinstance(item, Result):
                     results[i] = item
-                    serving._fill(recs[i], item, wire.response(item), t0)
+                    serving.fill(recs[i], item, wire.response(item), t0)
                     continue
                 ready = []
                 for d in item:
@@ -209,7 +207,7 @@ async def _relay(serving: Serving, req: Request, ident: Identity, recs: list[Cal
         held.append(Delta(usage=merged_usage([r.usage for r in done]), terminal=True))
     yield (wire.chunks(held) if held else b"") + wire.close(done[0])
     for rec, r in zip(recs, done):
-        serving._remember(rec, ident, req, r, parent)
+        serving.remember(rec, ident, req, r, parent)
 
 
 async def _pump(i: int, first, gen: AsyncGenerator, queue: asyncio.Queue) -> None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from fastapi import Depends, Request
+
 from harnessrl.messages import content_text
 from harnessrl.records import UNASSIGNED_ROLLOUT
 from harnessrl.proxy.errors import ProxyError, bad_request
@@ -80,6 +82,15 @@ def check_auth(headers, api_key: str | None) -> None:
         token = token.rpartition(":")[2]
     if not hmac.compare_digest(token.encode(), api_key.encode()):
         raise ProxyError(401, "missing or wrong API key", "authentication_error", code="invalid_api_key")
+
+
+def key_required(api_key: str | None):
+    """The FastAPI dependency of the rollout and weights APIs: the key checked as on the hot path."""
+
+    def auth(request: Request) -> None:
+        check_auth(request.headers, api_key)
+
+    return Depends(auth)
 
 
 def identify(path_params: dict, headers, api_key: str | None) -> Identity:

@@ -1,7 +1,8 @@
 """`GET /health` (liveness: the process answers) and `GET /ready` (readiness: the records DB
 answers, the recorder's writer is alive, the local backend is loaded or the upstream answers),
 in the shapes load balancers and Kubernetes probes expect: 200 when ready, 503 with the failing
-checks when not. Neither needs the API key: probes carry none, and neither reveals records."""
+checks when not. Neither needs the API key: probes carry none, and neither reveals records.
+`GET /metrics` (the Prometheus scrape, `prometheus.ProxyMetrics`) is behind the key."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ import os
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from sqlalchemy import Engine, text
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
+
+from harnessrl.proxy.errors import ProxyError, error_response
+from harnessrl.proxy.identity import check_auth
+from harnessrl.proxy.lifespan import Lifespan
+from harnessrl.proxy.prometheus import ProxyMetrics
 
 log = logging.getLogger("harnessrl.proxy")
 UPSTREAM_PROBE_S = 2.0
@@ -30,8 +36,8 @@ def _db_answers(engine: Engine) -> bool:
         return False
 
 
-def add_probes(app: FastAPI, engine: Engine, state: dict[str, Any], local_backend: Any) -> None:
-    """`state` is the proxy's lifespan state: `recorder` and `pool` once it has started."""
+def add_probes(app: FastAPI, engine: Engine, running: Lifespan, local_backend: Any) -> None:
+    """`running`: the app's lifespan, whose `recorder` and `pool` exist once it has started."""
 
     @app.get("/health")
     def health() -> Response:
@@ -41,20 +47,32 @@ def add_probes(app: FastAPI, engine: Engine, state: dict[str, Any], local_backen
     @app.get("/ready")
     async def ready() -> Response:
         checks: dict[str, str] = {"database": "ok" if await run_in_threadpool(_db_answers, engine) else "unreachable"}
-        recorder = state.get("recorder")
+        recorder = running.recorder
         checks["writer"] = recorder.health()["writer"] if recorder is not None else "not started"
-        ups = state.get("upstreams")
+        ups = running.upstreams
         if local_backend is not None:
             checks["backend"] = "ok"
         elif ups is not None:  # ready while one upstream takes calls; each one's state and load below
             checks["upstreams"] = "ok" if any(u.up for u in ups.all) else "all down"
-        elif state.get("pool") is not None:
-            checks["upstream"] = await _upstream(state["pool"])
+        elif running.pool is not None:
+            checks["upstream"] = await _upstream(running.pool)
         ok = all(v == "ok" for v in checks.values())
         body = {"status": "ready" if ok else "not_ready", "checks": checks}
         if ups is not None:
             body["upstreams"] = ups.snapshot()
         return Response(orjson.dumps(body), 200 if ok else 503, media_type="application/json")
+
+
+def add_metrics(app: FastAPI, api_key: str | None, metrics: ProxyMetrics) -> None:
+
+    @app.get("/metrics")
+    def prometheus(request: Request) -> Response:
+        try:
+            check_auth(request.headers, api_key)
+        except ProxyError as err:
+            return error_response(err)
+        body, content_type = metrics.render()
+        return Response(body, 200, media_type=content_type)
 
 
 async def _upstream(pool: Any) -> str:

@@ -3,7 +3,7 @@
 Once the API key is checked and the rollout is known to be running, a refusal — a body that
 fails validation (400), one over the size limit (413), an unknown `previous_response_id` (400),
 a sampling-policy refusal, no upstream to take it (503), a bug (500) — is written as a call row
-with status `error` and the reason (`Serving._fail`: committed before the harness is answered,
+with status `error` and the reason (`Serving.fail`: committed before the harness is answered,
 counted in the rollout's `errors`, in `/metrics` and in the log). Without it a rollout whose
 main call was refused looked like a rollout that ran, and compile scored it.
 
@@ -27,7 +27,8 @@ from harnessrl.proxy.record.call_rows import CallRecord, new_call_id
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.logs import call_id as current_call
-from harnessrl.proxy.serving import Adapter, Serving
+from harnessrl.proxy.serving import Serving
+from harnessrl.proxy.surfaces.adapter import Adapter
 
 # surfaces whose body is what the records hold for any call (an OpenAI chat, completions or
 # embeddings body); another surface's body is kept under "harnessrl_surface", untranslated
@@ -58,9 +59,9 @@ async def refuse(serving: Serving, adapter: Adapter, err: ProxyError, ident: Ide
     if not admitted:
         rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}; not recorded"
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
-        serving._done(rec, None, False, err.code)
+        serving.done(rec, None, False, err.code)
     else:
-        err = await serving._fail(rec, err, t0)
+        err = await serving.fail(rec, err, t0)
         headers = {"x-harnessrl-call": call_id}
     if serving.metrics is not None:
         serving.metrics.refused(adapter.surface, err.status)

@@ -43,7 +43,8 @@ def _uvicorn_config(app, cfg: ProxyConfig, log_config: dict | None = None) -> uv
     extra = {"log_config": log_config} if log_config is not None else {}
     return uvicorn.Config(app, loop="uvloop", http="httptools", log_level=cfg.log_level, access_log=False,
                           lifespan="on", timeout_keep_alive=75, backlog=4096,
-                          # the Responses WebSocket transport (`surfaces.responses.websocket`): a message is a request body
+                          # the Responses WebSocket transport (`surfaces.responses.websocket`): a
+                          # message is a request body
                           ws="websockets-sansio", ws_max_size=cfg.max_body_bytes,
                           proxy_headers=False, **extra)
 

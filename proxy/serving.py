@@ -2,8 +2,11 @@
 extends, let the route build the prompt and run the model, record the outcome, answer.
 
 Every outcome — an answer, a rejected prompt, a failed or malformed upstream, a stream cut
-short — goes through `_fail` or `_fill` + commit, so it leaves a call record, and the harness
-gets its answer (or its OpenAI-shaped error) only once that record is committed.
+short — goes through `fail` or `fill` + `commit`, so it leaves a call record, and the harness
+gets its answer (or its OpenAI-shaped error) only once that record is committed. Those four and
+`remember` (the prefix index) are the recording API that the other ways of serving a call use:
+`fanout` (n > 1), `surfaces.embeddings` and `refusals`. They import this module, never the other
+way round: the app hands `Serving` the first two (`Lifespan`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 import orjson
 from starlette.responses import Response, StreamingResponse
@@ -21,66 +23,34 @@ from starlette.responses import Response, StreamingResponse
 from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity, unnamed_agent
+from harnessrl.proxy.prefix.index import PrefixIndex, Turn
+from harnessrl.proxy.prefix.volatile import Volatile
 from harnessrl.proxy.protocol import Delta, Progress, Prompt, Request, Result, Route
 from harnessrl.proxy.record.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder, RolloutFinished
 from harnessrl.proxy.rollouts.status import RolloutStatus, finished
-from harnessrl.proxy.prefix.index import PrefixIndex, Turn
-from harnessrl.proxy.prefix.volatile import Volatile
+from harnessrl.proxy.surfaces.adapter import Wire
 from harnessrl.records import pack_ids, pack_logprobs
-
-
-class Wire(Protocol):
-    """An adapter's output side for one call (see `surfaces.openai_chat`)."""
-
-    def response(self, result: Result) -> dict: ...
-
-    def chunks(self, deltas: list[Delta]) -> bytes: ...
-
-    def close(self, result: Result) -> bytes: ...
-
-    def error(self, err: ProxyError) -> bytes: ...
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """An API surface served at `/v1/{path}`: its request body → an internal `Request`
-    (validated; a bad one raises a 400 `ProxyError`, recorded as a refused call by
-    `refusals.refuse`), and the wire its answers go out in. Adapters translate; routes never see
-    which API a call came in through (the records do: `surface`)."""
-
-    path: str  # under /v1/, e.g. "chat/completions"
-    request: Callable[[dict], Request]
-    wire: Callable[[Request, str, str], Wire]  # (request, call id, served model name) -> Wire
-    # how this surface answers an error, also one raised before its request is read (bad JSON, auth)
-    error: Callable[..., Response] = error_response  # (error, headers=None)
-    # a step that needs the records DB (Responses' previous_response_id): (request, fetch) ->
-    # request, where `await fetch(call_id)` is a recorded call (`surfaces.responses.stored.load`) or None
-    resolve: Callable[[Request, Callable[[str], Awaitable[dict | None]]], Awaitable[Request]] | None = None
-    headers: tuple[str, ...] = ()  # request headers recorded with the call (in `Request.surface`)
-    surface: str = ""  # recorded as `calls.surface`; "": the path's first segment (chat, responses, ...)
-
-    def __post_init__(self) -> None:
-        if not self.surface:
-            object.__setattr__(self, "surface", self.path.partition("/")[0])
-
-    @property
-    def endpoint(self) -> str:
-        """The compiler's meaning of the call (`calls.endpoint`): every chat-shaped surface is "chat"."""
-        return self.surface if self.surface in ("completions", "embeddings") else "chat"
 
 
 log = logging.getLogger("harnessrl.proxy.calls")
 
 
+# serving a call another way: (serving, request, identity, call id, wire) -> the answer
+ServeOther = Callable[["Serving", Request, Identity, str, Wire], Awaitable[Response]]
+
+
 class Serving:
     """One route behind any number of API adapters; owns the in-memory prefix index.
     `statuses` learns of rollouts found finished at commit; `metrics` (`prometheus.ProxyMetrics`)
-    counts every call once it is answered."""
+    counts every call once it is answered. `embeddings` serves `/v1/embeddings` calls and
+    `fanout` calls with n > 1 or best_of > 1 (`surfaces.embeddings.serve_embeddings`,
+    `fanout.handle_n`), through the recording API below."""
 
     def __init__(self, route: Route, recorder: Recorder, statuses: RolloutStatus | None = None,
                  prefix_bytes: int = 256 * 1024 * 1024, metrics=None, volatile: Volatile | None = None,
-                 hold: bool = False) -> None:
+                 hold: bool = False, *, embeddings: ServeOther, fanout: ServeOther) -> None:
         self.route = route
+        self.embeddings, self.fanout = embeddings, fanout
         self.recorder = recorder
         self.index = PrefixIndex(max_bytes=prefix_bytes)
         self.statuses = statuses
@@ -97,13 +67,9 @@ class Serving:
         if ident.agent is None and ident.session is None and req.chat:
             ident = unnamed_agent(ident, req.body, self.volatile)
         if req.endpoint == "embeddings":
-            from harnessrl.proxy.surfaces.embeddings import serve_embeddings
-
-            return await serve_embeddings(self, req, ident, call_id)
+            return await self.embeddings(self, req, ident, call_id, wire)
         if req.best_of > 1:
-            from harnessrl.proxy.fanout import handle_n
-
-            return await handle_n(self, req, ident, call_id, wire)
+            return await self.fanout(self, req, ident, call_id, wire)
         t0 = time.perf_counter()
         rec = self.record(req, ident, call_id)
         headers = {"x-harnessrl-call": call_id}
@@ -120,15 +86,15 @@ class Serving:
             result = await self.route.run(req, prompt)
             model_s = time.perf_counter() - tm
             data = wire.response(result)
-            self._fill(rec, result, data, t0)
+            self.fill(rec, result, data, t0)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
-            err = await self._fail(rec, as_proxy_error(exc, rec.id), t0)
+            err = await self.fail(rec, as_proxy_error(exc, rec.id), t0)
             return errors(err, headers)
         try:
-            await self._commit(rec, model_s)
+            await self.commit(rec, model_s)
         except ProxyError as err:
             return errors(err, headers)
-        self._remember(rec, ident, req, result, prompt.turn)
+        self.remember(rec, ident, req, result, prompt.turn)
         return Response(orjson.dumps(data), 200, headers, "application/json")
 
     def _extends(self, req: Request, ident: Identity, rec: CallRecord) -> tuple[Turn | None, Request]:
@@ -179,24 +145,26 @@ class Serving:
                         raise RuntimeError("the model stream ended without a result")
                 result = item
                 model_s = time.perf_counter() - tm
-                self._fill(rec, result, wire.response(result), t0)
+                self.fill(rec, result, wire.response(result), t0)
             except (GeneratorExit, asyncio.CancelledError):
                 self._cancelled(rec, prompt.progress, t0)
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded; the stream ends with the error
-                yield wire.error(await self._fail(rec, as_proxy_error(exc, rec.id), t0))
+                yield wire.error(await self.fail(rec, as_proxy_error(exc, rec.id), t0))
                 return
         finally:  # a harness that hung up stops the model too
             await events.aclose()
         try:
-            await self._commit(rec, model_s)
+            await self.commit(rec, model_s)
         except ProxyError as err:
             yield wire.error(err)
             return
         yield (wire.chunks(held) if held else b"") + wire.close(result)
-        self._remember(rec, ident, req, result, prompt.turn)
+        self.remember(rec, ident, req, result, prompt.turn)
 
-    def _fill(self, rec: CallRecord, r: Result, data: dict, t0: float) -> None:
+    def fill(self, rec: CallRecord, r: Result, data: dict, t0: float) -> None:
+        """Put a finished call's outcome in its record: ids, log-probs, usage, the answer `data`
+        as the harness gets it (without token-id fields), latency since `t0`. Not yet committed."""
         rec.prompt_ids = pack_ids(r.prompt_ids)
         rec.completion_ids = pack_ids(r.completion_ids)
         rec.completion_logprobs = pack_logprobs(r.logprobs)
@@ -211,12 +179,12 @@ class Serving:
             rec.drift = r.drift
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
 
-    async def _fail(self, rec: CallRecord, err: ProxyError, t0: float) -> ProxyError:
+    async def fail(self, rec: CallRecord, err: ProxyError, t0: float) -> ProxyError:
         """Record the failure; the error to answer (the recorder's, if it could not be recorded)."""
         rec.status, rec.error = "error", f"{err.status} {err.type}: {err.message}"
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
         try:
-            await self._commit(rec, code=err.code)
+            await self.commit(rec, code=err.code)
         except ProxyError as commit_err:
             return commit_err
         return err
@@ -233,9 +201,11 @@ class Serving:
         rec.completion_tokens = len(progress.completion_ids)
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
         self.recorder.submit(rec)
-        self._done(rec, None, True)
+        self.done(rec, None, True)
 
-    async def _commit(self, rec: CallRecord, model_s: float | None = None, code: str | None = None) -> None:
+    async def commit(self, rec: CallRecord, model_s: float | None = None, code: str | None = None) -> None:
+        """Commit the record, then count and log the call. Raises the `ProxyError` to answer
+        instead when it cannot be recorded (rollout finished, DB away, write refused)."""
         # the harness must not take an unrecorded answer; RecordError text is safe to show
         # (database error text is logged by the recorder with the call id)
         try:
@@ -243,19 +213,20 @@ class Serving:
         except RolloutFinished:
             if self.statuses is not None:
                 self.statuses.set(rec.rollout_id, "finished")
-            self._done(rec, model_s, False, "rollout_finished")
+            self.done(rec, model_s, False, "rollout_finished")
             raise finished(rec.rollout_id) from None
         except DatabaseUnavailable as exc:
-            self._done(rec, model_s, False, "database_unavailable")
+            self.done(rec, model_s, False, "database_unavailable")
             raise database_unavailable(str(exc)) from None
         except RecordError as exc:
-            self._done(rec, model_s, False, "record_failed")
+            self.done(rec, model_s, False, "record_failed")
             raise ProxyError(500, f"the call could not be recorded: {exc}", "server_error",
                              code="record_failed") from None
-        self._done(rec, model_s, True, code)
+        self.done(rec, model_s, True, code)
 
-    def _done(self, rec: CallRecord, model_s: float | None, recorded: bool, code: str | None = None) -> None:
-        """Count and log a call once it is answered (`code`: the error code it was answered with)."""
+    def done(self, rec: CallRecord, model_s: float | None, recorded: bool, code: str | None = None) -> None:
+        """Count and log a call once it is answered (`code`: the error code it was answered with;
+        `recorded`: whether its record was committed)."""
         status = rec.status if recorded else "error"
         if self.metrics is not None:
             self.metrics.call(rec.endpoint, rec.surface or rec.endpoint, status, (rec.latency_ms or 0.0) / 1e3,
@@ -266,7 +237,9 @@ class Serving:
             log.info("%s call %s rollout %s: %s in %.1f ms%s", rec.surface or rec.endpoint, rec.id,
                      rec.rollout_id or "-", status, rec.latency_ms or 0.0, why, extra={"call_id": rec.id})
 
-    def _remember(self, rec: CallRecord, ident: Identity, req: Request, r: Result, parent: Turn | None) -> None:
+    def remember(self, rec: CallRecord, ident: Identity, req: Request, r: Result, parent: Turn | None) -> None:
+        """Add a committed chat call to the prefix index, so the session's next call can extend
+        it (`parent`: the turn it extended)."""
         if not req.chat or r.message is None or not r.prompt_ids or r.completion_ids is None:
             return
         self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,

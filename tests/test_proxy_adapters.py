@@ -13,7 +13,7 @@ from harnessrl.db import open_db
 from harnessrl.proxy.app import ADAPTERS
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
-from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.proxy.validate import check_chat
 from harnessrl.records import Call, unpack_ids

@@ -1,2 +1,2 @@
-"""Rollouts: the rows (create, rewards, finish) and the cache of their statuses that the hot path
-checks."""
+"""Rollouts: their API (`api`, with its request bodies in `bodies`), their rows (create, rewards,
+finish: `store`) and the cache of their statuses that the hot path checks (`status`)."""

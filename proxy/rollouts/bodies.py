@@ -1,5 +1,5 @@
-"""The JSON bodies of the rollout and weights API (`/harnessrl/...`), as pydantic models: FastAPI
-checks them and answers a malformed one with an OpenAI-shaped 400 (`app._invalid`). The model
+"""The JSON bodies of the rollout API (`/harnessrl/rollouts...`, `api`), as pydantic models: FastAPI
+checks them and answers a malformed one with an OpenAI-shaped 400 (`error_handlers`). The model
 endpoints check their bodies by hand instead (`validate.py`)."""
 
 from __future__ import annotations
@@ -36,8 +36,3 @@ class RewardIn(BaseModel):
             raise ValueError("reward value must be finite")
         return v
 
-
-class WeightsIn(BaseModel):
-    path: str
-    version: str | None = None
-    lora: bool = False  # several upstreams: load the checkpoint as a LoRA adapter named `version`

@@ -12,7 +12,8 @@ from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
 from harnessrl.proxy.upstream.http_pool import Pool
 from harnessrl.proxy.prefix.prompts import Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result
-from harnessrl.proxy.upstream.vllm_wire import Extract, StreamAssembler, body_error, extract_and_strip, prepare, sse_events
+from harnessrl.proxy.upstream.vllm_wire import (Extract, StreamAssembler, body_error, extract_and_strip, prepare,
+                                                sse_events)
 from harnessrl.proxy.upstream.vllm_tokens import upstream_error
 
 

@@ -22,7 +22,8 @@ from harnessrl.proxy.errors import UpstreamMalformed, as_proxy_error, bad_reques
 from harnessrl.proxy.validate import MODEL_MAX, valid_model
 from harnessrl.proxy.identity import Identity
 from harnessrl.proxy.protocol import Request
-from harnessrl.proxy.serving import Adapter, Serving
+from harnessrl.proxy.serving import Serving
+from harnessrl.proxy.surfaces.adapter import Adapter, Wire
 from harnessrl.proxy.upstream.vllm_wire import upstream_error
 
 MAX_INPUTS = 2048
@@ -72,7 +73,9 @@ def embeddings_request(body: dict) -> Request:
 EMBEDDINGS = Adapter("embeddings", embeddings_request, lambda _req, _call_id, _model: None)  # type: ignore[arg-type]
 
 
-async def serve_embeddings(serving: Serving, req: Request, ident: Identity, call_id: str) -> Response:
+async def serve_embeddings(serving: Serving, req: Request, ident: Identity, call_id: str, _wire: Wire) -> Response:
+    """Serve and record an embeddings call (`Serving.embeddings`). Its answer is one JSON object
+    (the surface has no wire: `_wire` is None)."""
     t0 = time.perf_counter()
     rec = serving.record(req, ident, call_id)
     headers = {"x-harnessrl-call": call_id}
@@ -86,9 +89,9 @@ async def serve_embeddings(serving: Serving, req: Request, ident: Identity, call
                                  for d in data.get("data") or []]}
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
     except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
-        return error_response(await serving._fail(rec, as_proxy_error(exc), t0), headers)
+        return error_response(await serving.fail(rec, as_proxy_error(exc), t0), headers)
     try:
-        await serving._commit(rec)
+        await serving.commit(rec)
     except Exception as exc:  # noqa: BLE001
         return error_response(as_proxy_error(exc), headers)
     return Response(orjson.dumps(data), 200, headers, "application/json")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from harnessrl.proxy.errors import ProxyError, bad_request
-from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.surfaces.adapter import Adapter
 
 REMOVED_NOTE = "harnessrl_removed_tools"
 _SURFACES = ("responses", "messages")  # the adapters whose request function takes `strict_tools`

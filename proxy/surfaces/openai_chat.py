@@ -20,7 +20,7 @@ import orjson
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.fanout import check_best_of
 from harnessrl.proxy.protocol import Delta, Request, Result
-from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.validate import check_chat, check_completion
 
 SSE_DONE = b"data: [DONE]\n\n"

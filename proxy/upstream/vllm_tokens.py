@@ -17,8 +17,8 @@ import orjson
 from harnessrl.proxy.routes.token_backend import Completion, SamplingParams, TokenDelta
 from harnessrl.proxy.errors import ProxyError, UpstreamMalformed
 from harnessrl.proxy.upstream.http_pool import Pool
-from harnessrl.proxy.upstream.vllm_wire import (Extract, body_error, checked, error_in, sse_events, unfinished, upstream_error,
-                                      weight_version_of)
+from harnessrl.proxy.upstream.vllm_wire import (Extract, body_error, checked, error_in, sse_events, unfinished,
+                                                upstream_error, weight_version_of)
 
 log = logging.getLogger("harnessrl.proxy")
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from harnessrl.proxy.surfaces.anthropic.request import RECORDED_HEADERS, to_request
 from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
-from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.surfaces.blocks import Block, BlockStream, Event, blocks_of
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}

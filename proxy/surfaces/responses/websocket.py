@@ -36,7 +36,7 @@ from harnessrl.proxy.identity import check_auth, identify, reader_scope
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.surfaces.responses.request import CONTEXT_NOTE, LOADED_NOTE, resolve
 from harnessrl.proxy.surfaces.responses.wire import ResponsesWire
-from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.validate import parse_json
 
 SURFACE = "responses-ws"

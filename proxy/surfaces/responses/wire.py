@@ -26,7 +26,7 @@ from harnessrl.proxy.errors import ProxyError
 from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.surfaces.responses.request import LOGPROBS_INCLUDE, RESPONSE_PREFIX, resolve, to_request
 from harnessrl.proxy.surfaces.responses.tools import call_item
-from harnessrl.proxy.serving import Adapter
+from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.surfaces.blocks import Block, BlockStream, Event, blocks_of
 
 _ITEM_PREFIX = {"reasoning": "rs", "text": "msg", "tool": "fc"}
