@@ -76,7 +76,7 @@ def _params(ctx: Any) -> list[str]:
             f"| `{names.replace('|', '&#124;')}` | {_text(help_text)} |")
     lines: list[str] = []
     for panel, rows in panels.items():
-        lines += [f"**{panel}**", "", "| | |", "|---|---|", *rows, ""]
+        lines += [f"**{panel}**", "", "| option | help |", "|---|---|", *rows, ""]
     return lines
 
 
@@ -95,7 +95,7 @@ def _subcommands(ctx: Any) -> list[str]:
             f"| [`{name}`](#{anchor}) | {_text(sub.get_short_help_str(limit=300))} |")
     lines: list[str] = []
     for panel, rows in panels.items():
-        lines += [f"**{panel}**", "", "| | |", "|---|---|", *rows, ""]
+        lines += [f"**{panel}**", "", "| command | what it does |", "|---|---|", *rows, ""]
     return lines
 
 
