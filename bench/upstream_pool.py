@@ -1,7 +1,7 @@
 """The proxy's upstream pool on its own: calls/s and CPU per call over plain HTTP and over TLS
 (a CA made with trustme) to a minimal uvicorn app, in one run; with `--compare FILE` also an
-older `proxy/upstream/http_pool.py` (e.g. from `git worktree add /tmp/old <rev>`) on plain HTTP, runs
-interleaved, to check that the plain-HTTP fast path kept its speed.
+older copy of it (`proxy/upstream/http_pool.py`, before issue 32 `proxy/httpclient.py`; e.g. from
+`git worktree add /tmp/old <rev>`) on plain HTTP, runs interleaved, to check that the plain-HTTP fast path kept its speed.
 
     python bench/upstream_pool.py [--calls 3000] [--concurrency 32] [--repeats 4] [--compare OLD.py]
 """
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=4)
-    ap.add_argument("--compare", type=Path, help="an older proxy/upstream/http_pool.py to run on plain HTTP too")
+    ap.add_argument("--compare", type=Path, help="an older copy of the pool module to run on plain HTTP too")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp())
     ca = trustme.CA()
