@@ -167,7 +167,8 @@ def _train_parallel(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace) -> None:
     """Warm starts and loops; writes --out/results.json."""
-    from harnessrl.app.loop import LoopConfig, run_loop
+    from harnessrl.app.loop import run_loop
+    from harnessrl.app.loop_config import LoopConfig
     from harnessrl.harness_examples.toolbox import tasks as toolbox
     from harnessrl.trainer.sft import SftConfig, sft
 

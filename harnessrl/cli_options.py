@@ -41,12 +41,14 @@ class Flag:
     # float, the field an int, and the shown default the field's default divided back
     scale: int | None = None
     deprecated: tuple[str, ...] = ()  # old spellings, still accepted for one release
+    required: bool = False  # the command needs it, though a library caller may leave the default
 
 
 def option(default: Any, *names: str, help: str, panel: str | None = None, envvar: str | None = None,
-           metavar: str | None = None, scale: int | None = None, deprecated: tuple[str, ...] = ()) -> Any:
+           metavar: str | None = None, scale: int | None = None, deprecated: tuple[str, ...] = (),
+           required: bool = False) -> Any:
     """A dataclass field that is also a command-line option (the flag defaults to --field-name)."""
-    flag = Flag(names, help, panel, envvar, metavar, scale, deprecated)
+    flag = Flag(names, help, panel, envvar, metavar, scale, deprecated, required)
     return dataclasses.field(default=default, metadata={"cli": flag})
 
 
@@ -94,10 +96,11 @@ def _cli_type(annotation: Any, flag: Flag) -> Any:
 class _Spec:
     field: dataclasses.Field
     flag: Flag
+    param: str  # the command's parameter name (a field name, prefixed where several classes share one)
     old: list[str]  # the parameter names of the deprecated spellings
 
 
-def _parameters(cls: type, unset_is_none: bool) -> tuple[list[inspect.Parameter], list[_Spec]]:
+def _parameters(cls: type, prefix: str, unset_is_none: bool) -> tuple[list[inspect.Parameter], list[_Spec]]:
     hints = typing.get_type_hints(cls)
     params: list[inspect.Parameter] = []
     specs: list[_Spec] = []
@@ -106,28 +109,30 @@ def _parameters(cls: type, unset_is_none: bool) -> tuple[list[inspect.Parameter]
         if flag is None:
             continue
         cli_type = _cli_type(hints[f.name], flag)
-        if unset_is_none or typing.get_origin(cli_type) is list:
+        if flag.required:
+            default = ...
+        elif unset_is_none or typing.get_origin(cli_type) is list:
             default = None
         else:
             default = f.default / flag.scale if flag.scale is not None else f.default
         names = _names(f, flag)
         params.append(inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, annotation=cli_type,
+            prefix + f.name, inspect.Parameter.KEYWORD_ONLY, annotation=cli_type,
             default=typer.Option(default, *names, help=flag.help, rich_help_panel=flag.panel, envvar=flag.envvar,
                                  metavar=flag.metavar)))
         old = []
         for i, spelling in enumerate(flag.deprecated):
-            old.append(f"{f.name}__old{i}")
+            old.append(f"{prefix}{f.name}__old{i}")
             params.append(inspect.Parameter(
                 old[-1], inspect.Parameter.KEYWORD_ONLY, annotation=cli_type,
                 default=typer.Option(None, spelling, hidden=True)))
-        specs.append(_Spec(f, flag, old))
+        specs.append(_Spec(f, flag, prefix + f.name, old))
     return params, specs
 
 
 def _value(spec: _Spec, kwargs: dict[str, Any]) -> Any:
     """The field's value from its parsed options: the new spelling, else a deprecated one (warned)."""
-    value = kwargs.pop(spec.field.name)
+    value = kwargs.pop(spec.param)
     new = _names(spec.field, spec.flag)[0].split("/")[0]
     for name, spelling in zip(spec.old, spec.flag.deprecated):
         old = kwargs.pop(name)
@@ -144,24 +149,32 @@ def _value(spec: _Spec, kwargs: dict[str, Any]) -> Any:
     return value
 
 
-def from_config(cls: type, *, unset_is_none: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a command body `body(cfg, **extra)` into a typer command whose options are the flagged
-    fields of `cls` (in field order, grouped by panel) followed by the body's own parameters.
+def from_config(*classes: type, unset_is_none: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command body `body(cfg, ..., **own)` into a typer command whose options are the flagged
+    fields of each class (in field order, grouped by panel) followed by the body's own parameters; the
+    body gets one instance of each class, then its own parameters.
 
-    `unset_is_none`: every generated option defaults to None and the body gets a dict of only the
-    values given (for a config that a YAML file fills first, the flags overriding it)."""
+    `unset_is_none`: every generated option defaults to None and the body gets, instead of an
+    instance, a dict of only the values given (for a config that a YAML file fills first, the flags
+    overriding it)."""
 
     def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
         # typer passes every parameter by name: all keyword-only, so the body's own may follow the generated
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-               for p in list(inspect.signature(body, eval_str=True).parameters.values())[1:]]
-        generated, specs = _parameters(cls, unset_is_none)
+               for p in list(inspect.signature(body, eval_str=True).parameters.values())[len(classes):]]
+        generated: list[inspect.Parameter] = []
+        specs: list[list[_Spec]] = []
+        for i, cls in enumerate(classes):
+            params, cls_specs = _parameters(cls, f"c{i}_" if len(classes) > 1 else "", unset_is_none)
+            generated += params
+            specs.append(cls_specs)
 
         def command(**kwargs: Any) -> Any:
-            values = {spec.field.name: _value(spec, kwargs) for spec in specs}
-            if unset_is_none:
-                return body({k: v for k, v in values.items() if v is not None}, **kwargs)
-            return body(cls(**values), **kwargs)
+            configs = []
+            for cls, cls_specs in zip(classes, specs):
+                values = {spec.field.name: _value(spec, kwargs) for spec in cls_specs}
+                configs.append({k: v for k, v in values.items() if v is not None} if unset_is_none else cls(**values))
+            return body(*configs, **kwargs)
 
         command.__name__, command.__doc__, command.__module__ = body.__name__, body.__doc__, body.__module__
         command.__signature__ = inspect.Signature(generated + own)  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import click
 import pytest
@@ -59,6 +60,9 @@ def _distinct_argv(cls: type, skip: tuple[str, ...] = ()) -> tuple[list[str], di
         elif kind in (float, float | None):
             argv += [name, f"{i}.25"]
             want[f.name] = i + 0.25
+        elif kind in (Path, Path | None):
+            argv += [name, f"p{i}"]
+            want[f.name] = Path(f"p{i}")
         else:
             argv += [name, f"v{i}"]
             want[f.name] = f"v{i}"

@@ -4,11 +4,14 @@ the command panels of `harnessrl --help`; `harnessrl vllm --dry-run` without vLL
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from harnessrl.app.cli import PANELS, app
+from harnessrl.app.loop_config import LoopConfig, Teacher
 from harnessrl.errors import UserError
 from harnessrl.trainer.config import TrainConfig
 from test_cli_options import _distinct_argv
@@ -89,6 +92,19 @@ def looped(monkeypatch):
 
     monkeypatch.setattr("harnessrl.app.loop.run_loop", run_loop)
     return got
+
+
+def test_every_loop_flag_fills_its_config_field(looped):
+    argv, want = _distinct_argv(LoopConfig)
+    teacher_argv, teacher_want = _distinct_argv(Teacher)
+    res = _invoke(["loop", *argv, *teacher_argv, "--timeout", "7", "--memory", "1G"])
+    assert res.exit_code == 0, res.output
+    cfg = looped[0]
+    assert {k: getattr(cfg, k) for k in want} == want
+    assert dataclasses.asdict(cfg.teacher) == teacher_want
+    assert (cfg.cmd_flags.timeout, cfg.cmd_flags.memory) == (7.0, 1024 ** 3)
+    assert _invoke(["loop", "--model", "m"]).exit_code == 0 and looped[1].teacher is None  # no --teacher: none
+    assert looped[1] == LoopConfig(model="m", cmd_flags=looped[1].cmd_flags)
 
 
 def test_loop_group_size_and_teacher_api_key(looped, tmp_path):

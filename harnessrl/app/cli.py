@@ -12,8 +12,8 @@ from harnessrl.console import Console
 
 import harnessrl
 from harnessrl.app import cli_tracing
-from harnessrl.app.harnesses import harness_help
-from harnessrl.cli_options import algo_option, old_spelling, records_db_option, renamed
+from harnessrl.app.loop_config import CMD, LoopConfig, Teacher
+from harnessrl.cli_options import algo_option, from_config, records_db_option
 from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
 from harnessrl.proxy import cli as proxy_cli
@@ -76,84 +76,27 @@ def db_upgrade(
 
 
 @app.command("loop")
+@from_config(LoopConfig, Teacher)
 def loop(
-    harness: str = typer.Option(None, help=harness_help()),
-    cmd: str = typer.Option(None, "--cmd", help="Instead of --harness: a shell line run per task and sample, with "
-                            "{task} (JSON file: id, input), {input} (the task statement), {task_id}, {base_url}, {rollout}, "
-                            "{temperature}; "
-                            "needs --tasks."),
-    reward: str = typer.Option(None, "--reward", help="Compile-time outcome reward against the tasks' references "
-                               "(f1 | exact_match | contains | module:fn); default: the reported outcome."),
-    reward_from: str = typer.Option(None, "--reward-from", help="--cmd: " + cli_tracing.REWARD_FROM_HELP
-                                    + " Default: what the program reported itself."),
-    intercept: bool = typer.Option(False, "--intercept/--no-intercept", help="--cmd: route hard-coded LLM API "
-                                   "hosts through mitmproxy (.venv-mitm)."),
-    model: Path = typer.Option(..., help="Model directory the first round starts from."),
-    algo: str = algo_option("grpo"),
-    rounds: int = typer.Option(2, help="Rounds of rollouts → compile → train → push → eval."),
-    group_size: int = typer.Option(4, "--group-size", help="Rollouts per training task per round (the GRPO group)."),
-    group_old: int | None = old_spelling("--group"),
-    tasks: Path | None = typer.Option(None, help="Task file of the harness (default: generated tasks)."),
-    corpus: Path | None = typer.Option(None, help="Search harnesses: corpus JSONL for a real --tasks QA file."),
-    n_tasks: int = typer.Option(8, help="Tasks to use (generated or first of --tasks)."),
-    eval_fraction: float = typer.Option(0.25, help="Fraction of the tasks held out for evaluation."),
-    db: str = typer.Option("", help="Records DB (default: OUT/runs.db)."),
-    out: Path = typer.Option(Path("loop"), help="Output directory: state, samples, checkpoints, curves."),
-    steps: int = typer.Option(2, help="Optimizer steps per round."),
-    batch_size: int = typer.Option(8, help="Samples per optimizer step."),
-    lr: float = typer.Option(1e-4, help="Learning rate."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature of training rollouts."),
-    concurrency: int = typer.Option(8, help="Rollouts in flight at once."),
-    executor: str = typer.Option("local", "--executor", help="Where rollouts run: local (threads of this process) | "
-                                 "ray (each a Ray task on any node of a Ray cluster; the `ray` extra)."),
-    ray_address: str = typer.Option(None, "--ray-address", help="--executor ray: the cluster's head, HOST:PORT (its "
-                                    "GCS port) or auto; default: a new one-node Ray here."),
-    rollout_deadline: float = typer.Option(None, "--rollout-deadline", help="Seconds after which a rollout still "
-                                           "out is given up and counted as failed (a backstop above the harness's own "
-                                           "timeout; default: with --cmd twice --timeout + 120, else 3600)."),
-    sandbox: str = typer.Option(None, "--sandbox", help="--cmd: " + cli_tracing.SANDBOX_HELP),
-    timeout: float = typer.Option(1800, "--timeout", help="--cmd: seconds a rollout's command may run; then its "
-                                  "whole process tree is killed and the rollout fails."),
-    memory: str = typer.Option("8G", "--memory", help="--cmd: " + cli_tracing.MEMORY_HELP),
-    cpu_time: int = typer.Option(3600, "--cpu-time", help="--cmd: " + cli_tracing.CPU_HELP),
-    reward_cmd: str = typer.Option(None, "--reward-cmd", help="--cmd: " + cli_tracing.REWARD_CMD_HELP),
-    reward_mode: str = typer.Option("pass-fraction", "--reward-mode", help="--cmd: " + cli_tracing.REWARD_MODE_HELP),
-    seed: int = typer.Option(0, help="Seed of tasks, sampling and training."),
-    teacher: str = typer.Option(None, "--teacher", help="A stronger model's base URL: a warm-up round runs the "
-                                "harness against it first, and its best rollouts become expert traces (SFT warm "
-                                "start, PACT)."),
-    teacher_key: str = typer.Option(None, "--teacher-api-key", envvar="HARNESSRL_TEACHER_API_KEY",
-                                    help="The teacher's API key (never recorded)."),
-    teacher_key_old: str | None = old_spelling("--teacher-key"),
-    teacher_dialect: str = typer.Option("openai-chat", "--teacher-dialect",
-                                        help="openai-chat | openai-responses | anthropic."),
-    teacher_model: str = typer.Option(None, "--teacher-model", help="Model name to ask the teacher for."),
-    teacher_ca: str = typer.Option(None, "--teacher-ca", help="CA file for an https:// teacher."),
-    teacher_min_reward: float = typer.Option(None, "--teacher-min-reward",
-                                             help="Only teacher rollouts with at least this outcome become traces."),
-    teacher_sft_steps: int = typer.Option(200, "--teacher-sft-steps", help="Warm-up SFT steps on the traces."),
-    train_config: Path | None = typer.Option(None, "--train-config", help="YAML of further trainer options for "
-                                             "every round (as `harnessrl train --config`, e.g. ratio_to, beta, "
-                                             "epsilon); the flags above take precedence."),
-    upstream: str = typer.Option(None, "--upstream", help="A vLLM serving --model (`harnessrl vllm MODEL`): "
-                                 "rollouts go to it and each round's checkpoint is reloaded into it (default: "
-                                 "the proxy's embedded CPU backend)."),
+    cfg: LoopConfig,
+    teacher: Teacher,
+    # the per-rollout limits of --cmd: `run`'s options (cli_tracing), with the loop's own timeout default
+    sandbox: str = typer.Option(None, "--sandbox", rich_help_panel=CMD, help="--cmd: " + cli_tracing.SANDBOX_HELP),
+    timeout: float = typer.Option(1800, "--timeout", rich_help_panel=CMD, help="--cmd: seconds a rollout's "
+                                  "command may run; then its whole process tree is killed and the rollout fails."),
+    memory: str = typer.Option("8G", "--memory", rich_help_panel=CMD, help="--cmd: " + cli_tracing.MEMORY_HELP),
+    cpu_time: int = typer.Option(3600, "--cpu-time", rich_help_panel=CMD, help="--cmd: " + cli_tracing.CPU_HELP),
+    reward_cmd: str = typer.Option(None, "--reward-cmd", rich_help_panel=CMD,
+                                   help="--cmd: " + cli_tracing.REWARD_CMD_HELP),
+    reward_mode: str = typer.Option("pass-fraction", "--reward-mode", rich_help_panel=CMD,
+                                    help="--cmd: " + cli_tracing.REWARD_MODE_HELP),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
-    from harnessrl.app.loop import LoopConfig, Teacher, run_loop
+    from harnessrl.app.loop import run_loop
 
-    group_size = renamed(group_size, group_old, "--group", "--group-size")
-    teacher_key = renamed(teacher_key, teacher_key_old, "--teacher-key", "--teacher-api-key")
-    mentor = (Teacher(teacher, teacher_key, teacher_dialect, teacher_model, teacher_ca, teacher_min_reward,
-                      teacher_sft_steps) if teacher else None)
-    run_loop(LoopConfig(teacher=mentor, harness=harness or "", cmd=cmd, reward=reward, reward_from=reward_from, intercept=intercept,
-                        algo=algo, rounds=rounds, group=group_size, model=str(model), db=db, out=out,
-                        tasks=tasks, corpus=corpus, n_tasks=n_tasks, eval_fraction=eval_fraction, steps=steps,
-                        batch_size=batch_size, lr=lr, temperature=temperature, concurrency=concurrency, seed=seed,
-                        upstream=upstream, executor=executor, ray_address=ray_address,
-                        rollout_deadline=rollout_deadline,
-                        cmd_flags=cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode),
-                        train_config=train_config))
+    cfg.teacher = teacher if teacher.url else None
+    cfg.cmd_flags = cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode)
+    run_loop(cfg)
 
 
 @app.command("demo")

@@ -12,7 +12,8 @@ from pathlib import Path
 from rich.table import Table
 from sqlalchemy import func, select
 
-from harnessrl.app.loop import LoopConfig, run_loop
+from harnessrl.app.loop import run_loop
+from harnessrl.app.loop_config import LoopConfig
 from harnessrl.console import Console
 from harnessrl.db import open_db
 from harnessrl.harness_examples.lookup import tasks as lookup_tasks

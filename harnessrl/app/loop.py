@@ -33,7 +33,7 @@ from transformers.utils import logging as hf_logging
 from harnessrl.algorithms import get_algorithm
 from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, settle
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
-from harnessrl.app.limited_run import RolloutFlags
+from harnessrl.app.loop_config import LoopConfig, Teacher
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
@@ -48,53 +48,8 @@ from harnessrl.trainer.run import load_model, train
 from harnessrl.trainer.sft import SftConfig, sft
 
 
-@dataclass
-class LoopConfig:
-    harness: str
-    algo: str = "grpo"
-    rounds: int = 2
-    group: int = 4
-    model: str = ""
-    db: str = ""
-    out: Path = Path("loop")
-    tasks: Path | None = None
-    corpus: Path | None = None  # search harnesses: a real corpus JSONL beside a real QA --tasks file
-    n_tasks: int = 8
-    eval_fraction: float = 0.25
-    steps: int = 2  # optimizer steps per round
-    batch_size: int = 8
-    lr: float = 1e-4
-    temperature: float = 1.0
-    concurrency: int = 8
-    seed: int = 0
-    partition: str | None = None  # capo: a partition file; default: computed from round 0's data
-    cmd: str | None = None  # an external program as the harness (`--cmd`), instead of `harness`
-    reward: str | None = None  # compile-time outcome reward (f1 | exact_match | ... | module:fn) against references
-    reward_from: str | None = None  # --cmd: exit-code | stdout-json | FILE
-    intercept: bool = False  # --cmd: route hard-coded LLM API hosts through one mitmdump
-    teacher: Teacher | None = None  # a warm-up round against a stronger model first
-    train_config: Path | None = None  # YAML of further trainer options (`harnessrl train --config`) for every round
-    upstream: str | None = None  # a vLLM serving `model` (`harnessrl vllm`): rollouts go to it, pushes reload it
-    executor: str = "local"  # where rollouts run: local (threads here) | ray (tasks on a Ray cluster's nodes)
-    ray_address: str | None = None  # --executor ray: the cluster's head (HOST:PORT, or auto); default: a new local one
-    rollout_deadline: float | None = None  # seconds before a rollout is given up (default: DEFAULT_DEADLINE)
-    # --cmd: each rollout's sandbox, timeout (`cmd_flags.timeout`), memory and CPU limits, test reward
-    cmd_flags: RolloutFlags = field(default_factory=RolloutFlags)
-
-
 DEFAULT_DEADLINE = 3600.0  # the executor's backstop when no per-rollout timeout is given: a hung rollout ends the wait
 DEADLINE_GRACE = 120.0  # beyond --cmd's timeouts: workspace, kills, reporting
-
-
-@dataclass
-class Teacher:
-    url: str  # the teacher's base URL (vLLM, an OpenAI-compatible or a hosted API)
-    key: str | None = None
-    dialect: str = "openai-chat"  # what it speaks (proxy --upstream-dialect)
-    model: str | None = None  # the model name to ask it for (proxy --upstream-model)
-    ca: str | None = None  # CA file for an https:// teacher
-    min_reward: float | None = None  # only rollouts at least this good become traces
-    sft_steps: int = 200  # warm-up SFT steps on the traces (0: traces for PACT only)
 
 
 @dataclass
