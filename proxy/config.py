@@ -51,7 +51,8 @@ class ProxyConfig:
     db_statement_timeout_s: float = option(30.0, "--db-statement-timeout", panel=RECORDS,
                                            help="PostgreSQL: seconds a statement may run.")
     # the failed-call journal (`record/failed_call_journal.py`): calls answered 503 while the DB is away,
-    # written once it is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill (a folder per DB)
+    # written once it is back. None: `DB-spill/` beside a SQLite file, else ~/.local/state/harnessrl/spill
+    # (a folder per DB)
     spill_dir: str | None = option(
         None, panel=RECORDS, help="Folder for the failed-call journal: calls answered 503 while the records DB is "
         "away, written to it once it is back (also after a crash, by the next proxy on the DB). Default: DB-spill/ "

@@ -34,7 +34,8 @@ def _same_with_warning(new, old, old_spelling: str, new_spelling: str) -> None:
     assert old_spelling in line and f"use {new_spelling}" in line
 
 
-@pytest.mark.parametrize("command", [["compile"], ["inspect", "--rollout", "r"], ["traces", "from-rollouts", "--into-db"]])
+@pytest.mark.parametrize("command", [["compile"], ["inspect", "--rollout", "r"],
+                                     ["traces", "from-rollouts", "--into-db"]])
 def test_the_records_db_is_db_and_the_positional_one_is_deprecated(tmp_path, command):
     db = str(tmp_path / "none.db")
     new, old = _invoke([*command, "--db", db]), _invoke([*command, db])
@@ -68,8 +69,9 @@ def test_run_group_id_and_the_embedded_proxys_upstream_names(ran):
     assert ran[0] == ran[1]
     opts, teacher = ran[0]
     assert opts.group == "g1" and opts.run == "teacher" and teacher == ("http://u", "k", "anthropic", "m")
-    for old_name, new_name in [("--group", "--group-id"), ("--teacher", "--upstream"), ("--teacher-key", "--upstream-api-key"),
-                               ("--teacher-dialect", "--upstream-dialect"), ("--teacher-model", "--upstream-model")]:
+    for old_name, new_name in [("--group", "--group-id"), ("--teacher", "--upstream"),
+                               ("--teacher-key", "--upstream-api-key"), ("--teacher-dialect", "--upstream-dialect"),
+                               ("--teacher-model", "--upstream-model")]:
         assert any(f"{old_name} is deprecated" in ln and f"use {new_name}" in ln for ln in old.stderr.splitlines())
 
 

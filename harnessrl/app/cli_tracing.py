@@ -18,6 +18,8 @@ _MITM_HELP = "The mitmdump of mitmproxy's own venv (default: $HARNESSRL_MITMDUMP
 _CA_HELP = "Directory of the interception CA (default: $HARNESSRL_HOME/mitmproxy, ~/.harnessrl/mitmproxy)."
 
 
+# the help panels of `run`
+ROLLOUT, PROXY, INTERCEPTION, LIMITS = "Rollout", "Proxy", "Interception", "Limits"
 # the per-rollout options of `run` and `loop --cmd` (limited_run.RolloutFlags)
 SANDBOX_HELP = ("bwrap (bubblewrap: read-only system, writable workspace, no network but the proxy) | none; "
                 "default: bwrap for tasks with a workspace, else none. An unusable bwrap is an error, never skipped.")
@@ -74,43 +76,55 @@ def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"ignore_unknown_options": True})
     def run(
         cmd: list[str] = typer.Argument(None, help="The command and its arguments, after --."),
-        proxy: str = typer.Option(None, "--proxy", help="A running proxy (default: start one with --model, --db)."),
-        model: Path = typer.Option(None, "--model", help="Without --proxy: checkpoint of the local backend."),
-        db: str = typer.Option("runs.db", "--db", help="Without --proxy: the records DB."),
-        task: str = typer.Option(None, "--task", help="Task id of the rollout (with --tasks: the task to run)."),
-        tasks: Path = typer.Option(None, "--tasks", help="A tasks JSONL (e.g. `harnessrl tasks coding`): run --task "
-                                   "of it, in a fresh copy of its workspace, scored by its hidden tests."),
-        sandbox: str = typer.Option(None, "--sandbox", help=SANDBOX_HELP),
-        timeout: float = typer.Option(None, "--timeout", help="Seconds the command may run; then its whole process "
-                                      "tree is killed and the rollout fails (default: no limit)."),
-        memory: str = typer.Option("8G", "--memory", help=MEMORY_HELP + " Applied with --sandbox, --timeout or --tasks."),
-        cpu_time: int = typer.Option(3600, "--cpu-time", help=CPU_HELP),
-        reward_cmd: str = typer.Option(None, "--reward-cmd", help=REWARD_CMD_HELP),
-        reward_mode: str = typer.Option("pass-fraction", "--reward-mode", help=REWARD_MODE_HELP),
-        group_id: str = typer.Option(None, "--group-id", help="Group id of the rollout (GRPO group)."),
+        task: str = typer.Option(None, "--task", rich_help_panel=ROLLOUT,
+                                 help="Task id of the rollout (with --tasks: the task to run)."),
+        tasks: Path = typer.Option(None, "--tasks", rich_help_panel=ROLLOUT,
+                                   help="A tasks JSONL (e.g. `harnessrl tasks coding`): run --task of it, in a fresh "
+                                   "copy of its workspace, scored by its hidden tests."),
+        group_id: str = typer.Option(None, "--group-id", rich_help_panel=ROLLOUT,
+                                     help="Group id of the rollout (GRPO group)."),
         group_old: str = old_spelling("--group"),
-        run_tag: str = typer.Option(None, "--run", help="Run tag of the rollout."),
-        agent: str = typer.Option("main", "--agent", help="Agent name of the command's calls."),
-        intercept: bool = typer.Option(True, "--intercept/--no-intercept",
-                                       help="Route hard-coded LLM API hosts through mitmproxy (default: on)."),
-        only_llm: bool = typer.Option(False, "--only-llm", help="With interception: refuse all other traffic (403)."),
-        hosts: Path = typer.Option(None, "--hosts", help=_HOSTS_HELP),
-        reward_from: str = typer.Option(None, "--reward-from", help=REWARD_FROM_HELP),
-        mitmdump: str = typer.Option(None, "--mitmdump", help=_MITM_HELP),
-        ca: Path = typer.Option(None, "--ca-dir", help=_CA_HELP),
+        run_tag: str = typer.Option(None, "--run", rich_help_panel=ROLLOUT, help="Run tag of the rollout."),
+        agent: str = typer.Option("main", "--agent", rich_help_panel=ROLLOUT,
+                                  help="Agent name of the command's calls."),
+        reward_from: str = typer.Option(None, "--reward-from", rich_help_panel=ROLLOUT, help=REWARD_FROM_HELP),
+        proxy: str = typer.Option(None, "--proxy", rich_help_panel=PROXY,
+                                  help="A running proxy (default: start one with --model, --db)."),
+        model: Path = typer.Option(None, "--model", rich_help_panel=PROXY,
+                                   help="Without --proxy: checkpoint of the local backend."),
+        db: str = typer.Option("runs.db", "--db", rich_help_panel=PROXY, help="Without --proxy: the records DB."),
         # the embedded proxy's upstream: the `harnessrl proxy` names (a teacher, in the run tag)
-        teacher: str = typer.Option(None, "--upstream", help="Without --proxy: record the command against this "
-                                    "stronger model (its base URL) instead of --model; run tag 'teacher' unless --run."),
-        teacher_key: str = typer.Option(None, "--upstream-api-key",
+        teacher: str = typer.Option(None, "--upstream", rich_help_panel=PROXY,
+                                    help="Without --proxy: record the command against this stronger model (its base "
+                                    "URL) instead of --model; run tag 'teacher' unless --run."),
+        teacher_key: str = typer.Option(None, "--upstream-api-key", rich_help_panel=PROXY,
                                         envvar=["HARNESSRL_UPSTREAM_API_KEY", "HARNESSRL_TEACHER_API_KEY"],
                                         help="The upstream's API key (never recorded)."),
-        teacher_dialect: str = typer.Option("openai-chat", "--upstream-dialect",
+        teacher_dialect: str = typer.Option("openai-chat", "--upstream-dialect", rich_help_panel=PROXY,
                                             help="openai-chat | openai-responses | anthropic."),
-        teacher_model: str = typer.Option(None, "--upstream-model", help="Model name to ask the upstream for."),
+        teacher_model: str = typer.Option(None, "--upstream-model", rich_help_panel=PROXY,
+                                          help="Model name to ask the upstream for."),
         teacher_old: str = old_spelling("--teacher"),
         teacher_key_old: str = old_spelling("--teacher-key"),
         teacher_dialect_old: str = old_spelling("--teacher-dialect"),
         teacher_model_old: str = old_spelling("--teacher-model"),
+        intercept: bool = typer.Option(True, "--intercept/--no-intercept", rich_help_panel=INTERCEPTION,
+                                       help="Route hard-coded LLM API hosts through mitmproxy (default: on)."),
+        only_llm: bool = typer.Option(False, "--only-llm", rich_help_panel=INTERCEPTION,
+                                      help="With interception: refuse all other traffic (403)."),
+        hosts: Path = typer.Option(None, "--hosts", rich_help_panel=INTERCEPTION, help=_HOSTS_HELP),
+        mitmdump: str = typer.Option(None, "--mitmdump", rich_help_panel=INTERCEPTION, help=_MITM_HELP),
+        ca: Path = typer.Option(None, "--ca-dir", rich_help_panel=INTERCEPTION, help=_CA_HELP),
+        sandbox: str = typer.Option(None, "--sandbox", rich_help_panel=LIMITS, help=SANDBOX_HELP),
+        timeout: float = typer.Option(None, "--timeout", rich_help_panel=LIMITS,
+                                      help="Seconds the command may run; then its whole process tree is killed and the "
+                                      "rollout fails (default: no limit)."),
+        memory: str = typer.Option("8G", "--memory", rich_help_panel=LIMITS,
+                                   help=MEMORY_HELP + " Applied with --sandbox, --timeout or --tasks."),
+        cpu_time: int = typer.Option(3600, "--cpu-time", rich_help_panel=LIMITS, help=CPU_HELP),
+        reward_cmd: str = typer.Option(None, "--reward-cmd", rich_help_panel=LIMITS, help=REWARD_CMD_HELP),
+        reward_mode: str = typer.Option("pass-fraction", "--reward-mode", rich_help_panel=LIMITS,
+                                        help=REWARD_MODE_HELP),
     ) -> None:
         """Run CMD as one rollout: base-URL variables (and a Codex provider, CODEX_HOME) and
         (default) interception set, outcome reported, rollout finished; exits with CMD's exit code."""

@@ -23,15 +23,16 @@ class Teacher:
     url: str | None = option(  # the teacher's base URL (vLLM, an OpenAI-compatible or a hosted API)
         None, "--teacher", panel=TEACHER, help="A stronger model's base URL: a warm-up round runs the harness against "
         "it first, and its best rollouts become expert traces (SFT warm start, PACT).")
-    key: str | None = option(None, "--teacher-api-key", deprecated=("--teacher-key",), envvar="HARNESSRL_TEACHER_API_KEY",
-                             panel=TEACHER, help="The teacher's API key (never recorded).")
+    key: str | None = option(None, "--teacher-api-key", deprecated=("--teacher-key",),
+                             envvar="HARNESSRL_TEACHER_API_KEY", panel=TEACHER, help="The teacher's API key (never recorded).")
     dialect: str = option(  # what it speaks (proxy --upstream-dialect)
         "openai-chat", "--teacher-dialect", panel=TEACHER, help="openai-chat | openai-responses | anthropic.")
     model: str | None = option(  # the model name to ask it for (proxy --upstream-model)
         None, "--teacher-model", panel=TEACHER, help="Model name to ask the teacher for.")
     ca: str | None = option(None, "--teacher-ca", panel=TEACHER, help="CA file for an https:// teacher.")
     min_reward: float | None = option(  # only rollouts at least this good become traces
-        None, "--teacher-min-reward", panel=TEACHER, help="Only teacher rollouts with at least this outcome become traces.")
+        None, "--teacher-min-reward", panel=TEACHER,
+        help="Only teacher rollouts with at least this outcome become traces.")
     sft_steps: int = option(  # warm-up SFT steps on the traces (0: traces for PACT only)
         200, "--teacher-sft-steps", panel=TEACHER, help="Warm-up SFT steps on the traces.")
 
@@ -60,7 +61,8 @@ class LoopConfig:
     partition: str | None = None  # capo: a partition file; default: computed from round 0's data
     cmd: str | None = option(  # an external program as the harness, instead of `harness`
         None, panel=HARNESS, help="Instead of --harness: a shell line run per task and sample, with {task} (JSON "
-        "file: id, input), {input} (the task statement), {task_id}, {base_url}, {rollout}, {temperature}; needs --tasks.")
+        "file: id, input), {input} (the task statement), {task_id}, {base_url}, {rollout}, {temperature}; "
+        "needs --tasks.")
     reward: str | None = option(  # compile-time outcome reward against the tasks' references
         None, panel=HARNESS, help="Compile-time outcome reward against the tasks' references (f1 | exact_match | "
         "contains | module:fn); default: the reported outcome.")
