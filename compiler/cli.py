@@ -13,51 +13,72 @@ tasks_app = typer.Typer(help="Tasks and expert traces in the records DB.", no_ar
 traces_app = typer.Typer(help="Expert traces (for `sft` and PACT).", no_args_is_help=True)
 
 
+# the help panels of `compile`
+INPUT, REWARDS, ADVANTAGES, SAMPLES = "Input", "Rewards", "Advantages", "Samples"
+
+
 def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in (value or "").split(",") if v.strip())
 
 
 def compile_cmd(
     db_arg: str | None = positional_db(),
-    db: str | None = records_db_option(None),
-    out: Path = typer.Option(Path("compiled"), "--out", help="Output directory."),
-    reward: str | None = typer.Option(None, "--reward", help="Outcome reward: f1 | exact_match | contains | module:fn "
+    db: str | None = records_db_option(None, panel=INPUT),
+    rollouts: str = typer.Option("", "--rollouts", rich_help_panel=INPUT,
+                                 help="Only these rollout ids (comma-separated)."),
+    since: str | None = typer.Option(None, "--since", rich_help_panel=INPUT,
+                                     help="Only rollouts created at or after (epoch or ISO time)."),
+    run: str | None = typer.Option(None, "--run", rich_help_panel=INPUT, help="Only rollouts of this run."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", rich_help_panel=INPUT,
+                                         help="Tokenizer directory (default: the recorded model dir)."),
+    reward: str | None = typer.Option(None, "--reward", rich_help_panel=REWARDS,
+                                      help="Outcome reward: f1 | exact_match | contains | module:fn "
                                       "(default: the harness-reported outcome)."),
-    process: str = typer.Option("", "--process", help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir."),
-    algo: str | None = algo_option(None, "Compile for this objective: its registry entry sets the defaults of "
-                                   "--advantage and --train-agents. "),
-    advantage: str | None = typer.Option(None, "--advantage", help="grpo | harness | matpo | matchtir "
-                                         "(default: the --algo's estimator, else grpo)."),
-    train_agents: str | None = typer.Option(None, "--train-agents", help="central | all | comma-separated agent names "
-                                            "(default: the --algo's scope, else the scope of the estimator's "
-                                            "algorithm: all for matpo, central otherwise)."),
-    rollouts: str = typer.Option("", "--rollouts", help="Only these rollout ids (comma-separated)."),
-    since: str | None = typer.Option(None, "--since", help="Only rollouts created at or after (epoch or ISO time)."),
-    run: str | None = typer.Option(None, "--run", help="Only rollouts of this run."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the recorded model dir)."),
-    matcher: str = typer.Option("hungarian", "--matcher", help="MatchTIR matcher: hungarian | greedy."),
-    std: str | None = typer.Option(None, "--std", help="Normalisation std: sample | population (default sample)."),
-    adv_config: Path | None = typer.Option(None, "--adv-config", help="YAML/JSON file of advantage constants: "
-                                           "lambda_proc, lambda_pen, gamma, alpha, eps, std, proc_norm, matpo_acc, "
-                                           "matpo_fmt, singleton (flags override it)."),
-    singleton: str | None = typer.Option(None, "--singleton", help="A group or turn bucket of one rollout: "
-                                         "zero (advantage 0, default) | raw (its raw value)."),
-    missing_outcome: str = typer.Option("skip", "--missing-outcome", help="Rollouts without an outcome reward: "
+    process: str = typer.Option("", "--process", rich_help_panel=REWARDS,
+                                help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir."),
+    missing_outcome: str = typer.Option("skip", "--missing-outcome", rich_help_panel=REWARDS,
+                                        help="Rollouts without an outcome reward: "
                                         "skip (left out of groups and samples) | zero (scored 0)."),
-    on_call_error: str = typer.Option("drop", "--on-call-error", help="Rollouts in which a call was refused or "
+    on_call_error: str = typer.Option("drop", "--on-call-error", rich_help_panel=REWARDS,
+                                      help="Rollouts in which a call was refused or "
                                       "failed (the harness got an error; a stream it abandoned or a best_of "
                                       "sample not returned is not one): drop (no samples, and left out of their "
                                       "group's mean and std) | keep (compiled like any other)."),
-    mask_truncated: bool = typer.Option(False, "--mask-truncated", help="A session path whose last call was cut "
-                                        "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
-    sampling_policy: Path | None = typer.Option(None, "--sampling-policy", help="YAML sampling policy (the "
+    sampling_policy: Path | None = typer.Option(None, "--sampling-policy", rich_help_panel=REWARDS,
+                                                help="YAML sampling policy (the "
                                                 "proxy's): calls recorded with parameters that break it are handled "
                                                 "by --policy-action (counted in stats)."),
-    policy_action: str = typer.Option("drop", "--policy-action", help="Samples that train on an off-policy call: "
+    policy_action: str = typer.Option("drop", "--policy-action", rich_help_panel=REWARDS,
+                                      help="Samples that train on an off-policy call: "
                                       "drop (left out) | mask (those turns get mask 0) | flag (kept, counted)."),
-    unmarked_answer: str = typer.Option("args", "--unmarked-answer", help="Class of a final answer without a "
-                                        "marker: args | reasoning."),
-    jobs: int = typer.Option(0, "--jobs", min=0, help="Worker processes, each compiling whole batches of groups "
+    algo: str | None = algo_option(None, "Compile for this objective: its registry entry sets the defaults of "
+                                   "--advantage and --train-agents. ", panel=ADVANTAGES),
+    advantage: str | None = typer.Option(None, "--advantage", rich_help_panel=ADVANTAGES,
+                                         help="grpo | harness | matpo | matchtir "
+                                         "(default: the --algo's estimator, else grpo)."),
+    train_agents: str | None = typer.Option(None, "--train-agents", rich_help_panel=ADVANTAGES,
+                                            help="central | all | comma-separated agent names "
+                                            "(default: the --algo's scope, else the scope of the estimator's "
+                                            "algorithm: all for matpo, central otherwise)."),
+    matcher: str = typer.Option("hungarian", "--matcher", rich_help_panel=ADVANTAGES,
+                                help="MatchTIR matcher: hungarian | greedy."),
+    std: str | None = typer.Option(None, "--std", rich_help_panel=ADVANTAGES,
+                                   help="Normalisation std: sample | population (default sample)."),
+    adv_config: Path | None = typer.Option(None, "--adv-config", rich_help_panel=ADVANTAGES,
+                                           help="YAML/JSON file of advantage constants: "
+                                           "lambda_proc, lambda_pen, gamma, alpha, eps, std, proc_norm, matpo_acc, "
+                                           "matpo_fmt, singleton (flags override it)."),
+    singleton: str | None = typer.Option(None, "--singleton", rich_help_panel=ADVANTAGES,
+                                         help="A group or turn bucket of one rollout: "
+                                         "zero (advantage 0, default) | raw (its raw value)."),
+    out: Path = typer.Option(Path("compiled"), "--out", rich_help_panel=SAMPLES, help="Output directory."),
+    mask_truncated: bool = typer.Option(False, "--mask-truncated", rich_help_panel=SAMPLES,
+                                        help="A session path whose last call was cut "
+                                        "by max_tokens (an unfinished turn): train nothing on that turn (counted)."),
+    unmarked_answer: str = typer.Option("args", "--unmarked-answer", rich_help_panel=SAMPLES,
+                                        help="Class of a final answer without a marker: args | reasoning."),
+    jobs: int = typer.Option(0, "--jobs", rich_help_panel=SAMPLES, min=0,
+                             help="Worker processes, each compiling whole batches of groups "
                              "(0: one per CPU; output identical to --jobs 1)."),
 ) -> None:
     """Compile recorded calls into training samples (Parquet) with rewards and advantages."""

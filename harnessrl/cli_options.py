@@ -69,10 +69,10 @@ def warn_deprecated(old: str, new: str) -> None:
     print(f"warning: {old} is deprecated and will be removed in the next release: use {new}", file=sys.stderr)
 
 
-def algo_option(default: str | None, lead: str = "") -> Any:
-    """The `--algo` option of compile, train, loop and demo: one definition of its long help (each
-    algorithm's summary, from the registry), after the command's own `lead`."""
-    return typer.Option(default, "--algo", help=lead + algo_help())
+def algo_option(default: str | None, lead: str = "", panel: str | None = None) -> Any:
+    """The `--algo` option of compile and demo (train's and loop's are their config's field): one
+    definition of its long help (each algorithm's summary, from the registry), after the command's own `lead`."""
+    return typer.Option(default, "--algo", help=lead + algo_help(), rich_help_panel=panel)
 
 
 def _names(f: dataclasses.Field, flag: Flag) -> tuple[str, ...]:
@@ -199,9 +199,9 @@ def renamed(value: Any, old_value: Any, old: str, new: str) -> Any:
 RECORDS_DB_HELP = "Records DB: SQLite path or postgresql+psycopg:// URL."
 
 
-def records_db_option(default: str | None = "runs.db") -> Any:
+def records_db_option(default: str | None = "runs.db", panel: str | None = None) -> Any:
     """`--db`: the records DB, one name in every command."""
-    return typer.Option(default, "--db", help=RECORDS_DB_HELP)
+    return typer.Option(default, "--db", help=RECORDS_DB_HELP, rich_help_panel=panel)
 
 
 def positional_db() -> Any:
