@@ -5,6 +5,7 @@ them from the `Lifespan` object; FastAPI enters it on startup and leaves it on s
 from __future__ import annotations
 
 import gc
+import threading
 from contextlib import asynccontextmanager
 
 from sqlalchemy import Engine
@@ -32,6 +33,44 @@ from harnessrl.proxy.upstream.ring_life import start_upstreams, stop_upstreams
 from harnessrl.proxy.upstream.vllm_tokens import UpstreamTokens
 
 GC_GEN0 = 20_000
+
+
+class FrozenGC:
+    """The collector while any proxy of this process serves. What exists at a start (modules, the
+    app, the tokenizer) lives as long as the server: frozen, the collector stops walking it on
+    every collection that the hot path's short-lived JSON objects set off (~8% of the hot path's
+    CPU in a profile). Under load the calls in flight hold thousands of young containers (parsed
+    bodies, one dict per log-prob), so at the default gen-0 threshold (700) a collection ran every
+    ~18 calls and walked them all: ~15 µs a call at 64 clients. At 20,000 one runs only when
+    objects really accumulate (the prefix index grows slowly); older generations as before.
+
+    When the last server stops, the process (an embedded proxy's: a test, `run`, `loop`) goes on
+    or ends: everything is thawed and the threshold restored. Objects left frozen are never
+    freed, and triton's (imported with any transformers model) then printed nanobind's leak
+    report, ~40 lines, at the exit of every such command."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # embedded proxies start and stop on their own threads
+        self._serving = 0
+        self._threshold = gc.get_threshold()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self._serving:
+                self._threshold = gc.get_threshold()
+                gc.set_threshold(GC_GEN0, *self._threshold[1:])
+            self._serving += 1
+            gc.freeze()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._serving -= 1
+            if not self._serving:
+                gc.unfreeze()
+                gc.set_threshold(*self._threshold)
+
+
+FROZEN_GC = FrozenGC()
 
 
 def choose_route(cfg: ProxyConfig, backend: TokenBackend | None, pool: Pool | None) -> Route:
@@ -70,19 +109,12 @@ class Lifespan:
     @asynccontextmanager
     async def __call__(self, _app):
         self._start()
-        # What exists now (modules, the app, the tokenizer) lives as long as the process: frozen,
-        # the garbage collector stops walking it on every collection that the hot path's
-        # short-lived JSON objects set off (~8% of the hot path's CPU in a profile)
-        gc.freeze()
-        # Under load the calls in flight hold thousands of young containers (parsed bodies, one
-        # dict per log-prob), so at the default gen-0 threshold (700) a collection ran every ~18
-        # calls and walked them all: ~15 µs a call at 64 clients. At 20,000 one runs only when
-        # objects really accumulate (the prefix index grows slowly); older generations as before.
-        gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])
+        FROZEN_GC.start()
         try:
             yield
         finally:
             self._stop()
+            FROZEN_GC.stop()
 
     def _pool(self, url: str) -> Pool:
         cfg = self.cfg
