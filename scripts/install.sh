@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a venv with harnessrl and its test tools.
 #   VENV    where (default .venv)
-#   PYTHON  the interpreter (default python3.11; any of requires-python's 3.11–3.13 works)
+#   PYTHON  the interpreter (default python3.11; requires-python's 3.12 works too)
 #   EXTRAS  extras to install (default dev,examples,ray; CI's second-interpreter venv uses dev)
 #   MITM    1 (default): also make .venv-mitm, mitmproxy's own venv for `harnessrl intercept`/`run`
 #   HARNESSES 1 (default): also install the real harnesses of harnesses.lock (scripts/install_harnesses.sh)
