@@ -66,7 +66,21 @@ def pg_url() -> str:
         c.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# A test's PostgreSQL variant carries the `postgres` marker, so `-m "not postgres"` runs the rest
+# on a machine without the server.
+BOTH_DBS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """`postgres` on every test that takes the server's schema (`pg_url`, directly or through
+    its fixtures); a fixture parametrized over both databases marks its own variant (BOTH_DBS),
+    since `pg_url` is then taken at run time."""
+    for item in items:
+        if "pg_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(params=BOTH_DBS)
 def db_target(request, tmp_path) -> str:
     """Run a DB test against a SQLite file and against PostgreSQL."""
     if request.param == "sqlite":

@@ -283,7 +283,7 @@ def _shaped(r: httpx.Response) -> None:
         assert set(err) == {"message", "type", "param", "code"}, r.text
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def every_route(request, tokenizer_dir, upstream, tmp_path):
     from harnessrl.viewer.app import create_viewer
 
