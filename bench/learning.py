@@ -57,7 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
+from harnessrl.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_report import PARTS, report  # noqa: E402
