@@ -7,7 +7,9 @@ being the answer, so success is exactly the right tool with the right item. 64 t
 held-out tasks per seed, held-out ones being new tool × item combinations; RL trains on
 `--train-tasks` of the training ones (32: one per item, `rl_tasks`); each training round
 draws a fresh world (values), so a remembered value never pays, and the evaluation keeps the
-seed's world. `--delegate`: the same behind a planner that must ask a worker.
+seed's world. `--delegate`: the same behind a planner that must ask a worker. `--prompt compact`
+(default): the toolbox's short prompt (210 tokens instead of 341; every SFT, rollout and training
+step of this tiny model costs by the prompt's length).
 
 The warm start imitates an inconsistent expert (`--confuse`; default a cycle, color → size → owner
 → city → color): each training task is in its data `--expert-traces` times (5), and only
@@ -35,16 +37,17 @@ same for the two skills apart, the first call's tool (action) and item (args); a
 reported is read back from --out/results.json, so `--report-only` renders it again without
 training.
 
-    python bench/learning.py                                   # full: 3 seeds × 4 algorithms, two seeds at a time
+    python bench/learning.py --jobs 2                          # full: 6 seeds × 4 algorithms, two seeds at a time
     python bench/learning.py --seeds 0 --algos grpo --rounds 1 # reduced
     python bench/learning.py --expert-right 1 --algos grpo,pact  # sparse reward: 1 right line of 5
     python bench/learning.py --delegate --algos grpo,matpo     # planner → worker
     python bench/learning.py --report-only --out DIR           # table, verdicts, plot from DIR/results.json
 
-The defaults are the configuration that showed learning (4-layer tiny model, 1,000 SFT steps,
-4 rounds × 512 rollouts); it takes ~84 min for 3 seeds on 2 cores. A 2-layer, 800-step, 2 × 128
-rollout configuration runs 6 seeds in ~30 min but its warm starts mostly lack the copy skill:
-docs/benchmarks.md › Learning.
+The defaults (4-layer tiny model, compact prompt, 1,000 SFT steps; RL on 32 tasks × group 8,
+3 rounds of 8 steps × 32 samples) run 6 seeds × 4 algorithms in under an hour on 2 cores
+(`--jobs 2`; docs/benchmarks.md › Learning has the run). The earlier configuration (full prompt,
+64 tasks, 4 rounds) took 84 min for 3 seeds: `--prompt full --train-tasks 64 --rounds 4`. A
+2-layer model's warm starts mostly lack the copy skill (docs/changelog.md).
 
 """
 
@@ -69,13 +72,17 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="re-render the table, verdicts and plot from --out/results.json without training")
     ap.add_argument("--algos", default="grpo,capo,matpo,pact")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5")
     ap.add_argument("--delegate", action="store_true", help="planner → worker variant of the task family")
+    ap.add_argument("--prompt", choices=("compact", "full"), default="compact",
+                    help="the toolbox prompt: compact (short system text, tool schemas of a name and a parameter: "
+                         "210 tokens) or full (with descriptions: 341)")
     ap.add_argument("--model", default=None, help="base model directory (default: build the tiny model)")
     ap.add_argument("--hidden", type=int, default=128, help="tiny model width when building it")
     ap.add_argument("--layers", type=int, default=4, help="tiny model depth when building it")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--group-size", type=int, default=8,
+                    help="rollouts per training task per round (loop --group-size)")
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the training rollouts")
     ap.add_argument("--sft-steps", type=int, default=1000)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
@@ -92,7 +99,7 @@ def main() -> None:
     ap.add_argument("--sft-others", choices=("one", "none"), default="one",
                     help="what the warm start sees of the other items: the first of their training tasks "
                          "(one), or nothing (none: RL then has items the warm start never wrote)")
-    ap.add_argument("--train-tasks", type=int, default=64,
+    ap.add_argument("--train-tasks", type=int, default=32,
                     help="RL's training tasks (of 64): the first of every item's two, then the seconds (rl_tasks)")
     ap.add_argument("--steps", type=int, default=None,
                     help="optimizer steps per round (default: group × train tasks / batch size, every rollout once)")
@@ -107,9 +114,9 @@ def main() -> None:
                     help="seeds trained at once, each in its own process with the cores split between them")
     args = ap.parse_args()
     if args.steps is None:
-        args.steps = max(1, args.group * args.train_tasks // args.batch_size)
+        args.steps = max(1, args.group_size * args.train_tasks // args.batch_size)
     if not args.report_only:
-        _train_parallel(args) if args.jobs > 1 and "," in args.seeds else _train(args)
+        _train_parallel(args) if "," in args.seeds else _train(args)
     report(args.out, Console())
 
 
@@ -134,8 +141,10 @@ def _settings(args: argparse.Namespace) -> dict:
 
 
 def _train_parallel(args: argparse.Namespace) -> None:
-    """--jobs N: this script once per seed (N at a time) on one base model, each into --out/seed-S
-    (its log there), then their results as one --out/results.json."""
+    """Several seeds: this script once per seed (--jobs N at a time) on one base model, each into
+    --out/seed-S (its log there), then their results as one --out/results.json. A seed whose
+    results an earlier run with the same settings left there is kept, not trained again (a run
+    cut short resumes; its wall time then counts only this run's part, and `reused` names them)."""
     import os
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
@@ -146,10 +155,20 @@ def _train_parallel(args: argparse.Namespace) -> None:
     own = ("out", "seeds", "model", "jobs", "report_only", "delegate")
     flags = [f for k, v in vars(args).items() if k not in own and v is not None for f in (f"--{k.replace('_', '-')}", str(v))]
     flags += ["--delegate"] if args.delegate else []
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
+    # the cores split between the jobs (one torch thread each on 2 cores: with other processes
+    # running, 2 threads made a step ~3× slower), unless the caller set it
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs)), **os.environ}
+    mine = {k: v for k, v in _settings(args).items() if k not in ("seeds", "model", "out")}
+    reused = []
 
     def one(seed: str) -> dict:
         where = args.out / f"seed-{seed}"
+        done = where / "results.json"
+        if done.is_file():
+            old = json.loads(done.read_text())
+            if {k: v for k, v in old["args"].items() if k not in ("seeds", "model", "out")} == mine:
+                reused.append(int(seed))
+                return old
         where.mkdir(parents=True, exist_ok=True)
         with open(where / "log.txt", "w") as log:
             rc = subprocess.call([sys.executable, __file__, *flags, "--seeds", seed, "--model", base, "--out", str(where)],
@@ -162,7 +181,7 @@ def _train_parallel(args: argparse.Namespace) -> None:
         parts = list(pool.map(one, args.seeds.split(",")))
     runs = {algo: [r for p in parts for r in p["runs"][algo]] for algo in parts[0]["runs"]}
     _write_results(args.out / "results.json", {**parts[0], "args": _settings(args), "runs": runs,
-                                               "wall_s": time.perf_counter() - t_all})
+                                               "wall_s": time.perf_counter() - t_all, "reused": sorted(reused)})
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -184,12 +203,11 @@ def _train(args: argparse.Namespace) -> None:
 
     n_eval = 0
     for seed in seeds:
-        train, held = toolbox.generate(seed, args.delegate)
+        train, held = toolbox.generate(seed, args.delegate, compact=args.prompt == "compact")
         n_eval = len(held)
         rows = warm_start_rows(sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed), args)
-        tasks_file = None
-        if args.train_tasks < len(train):  # RL on a subset: the loop reads it, held-out tasks last
-            tasks_file = toolbox.write(rl_tasks(train, args.train_tasks) + held, out / f"tasks-{seed}.jsonl")
+        # the loop reads its tasks from this file (RL's subset, the prompt), held-out tasks last
+        tasks_file = toolbox.write(rl_tasks(train, args.train_tasks) + held, out / f"tasks-{seed}.jsonl")
         train_file = out / f"sft-{seed}.jsonl"
         train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
         t = time.perf_counter()
@@ -200,7 +218,7 @@ def _train(args: argparse.Namespace) -> None:
             t = time.perf_counter()
             shutil.rmtree(out / f"{algo}-{seed}", ignore_errors=True)
             train_config = _train_options(out / f"train-{algo}.yaml", algo, args)
-            state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group,
+            state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group_size,
                                         model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
                                         batch_size=args.batch_size, lr=args.lr, temperature=args.temperature,
                                         seed=seed, train_config=train_config, tasks=tasks_file,
@@ -264,7 +282,8 @@ def warm_start_rows(tasks: list, table: dict, args: argparse.Namespace) -> list[
         rows = toolbox.inconsistent_expert(tasks, table, confusions(args.confuse), args.expert_traces, args.expert_right)
     except ValueError as exc:
         raise SystemExit(f"--confuse/--expert-traces/--expert-right: {exc}") from None
-    return rows + toolbox.copy_drill() * args.copy_drill
+    # the drill's prompt as short as the tasks' (the same schema shape, fewer tokens per step)
+    return rows + toolbox.copy_drill(compact=any(t.compact for t in tasks)) * args.copy_drill
 
 
 def rl_tasks(train: list, n: int) -> list:

@@ -19,8 +19,9 @@ def report(out: Path, console: Console) -> None:
     results = json.loads((out / "results.json").read_text())
     a, runs, n_eval = results["args"], results["runs"], results["n_eval"]
     seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    group = a.get("group_size", a.get("group"))  # results.json of runs before the flag was --group-size
     table = Table(title=f"{results['harness']}: held-out success and tool-call validity (greedy, {n_eval} tasks × "
-                        f"{len(seeds)} seeds; mean [95% interval]); {a['rounds']} rounds, group {a['group']}, "
+                        f"{len(seeds)} seeds; mean [95% interval]); {a['rounds']} rounds, group {group}, "
                         f"temperature {a['temperature']}, {a['steps']}×{a['batch_size']} samples/round, lr {a['lr']}, "
                         f"ratio to {a.get('ratio_to', 'step')}, negative weight {a.get('negative_weight', 1.0)}")
     for col in ("algo", "success before", "success after", "validity before", "validity after",
@@ -46,7 +47,9 @@ def report(out: Path, console: Console) -> None:
         _parts(runs, n_eval, console)
     _plot(summary, runs, out / "learning.png", results["harness"])
     if "wall_s" in results:
-        console.print(f"wall time of the training run: {results['wall_s'] / 60:.1f} min")
+        reused = results.get("reused") or []
+        console.print(f"wall time of the training run: {results['wall_s'] / 60:.1f} min"
+                      + (f" (seeds {', '.join(map(str, reused))} kept from an earlier run, not in it)" if reused else ""))
     console.print(f"results in {out}/results.json, plot {out}/learning.png")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from harnessrl.client import HarnessRL
 from harnessrl.harness_examples.chat import RolloutResult, harnessrl_client, make_client, tool_loop
-from harnessrl.harness_examples.toolbox.tasks import ASK_WORKER, ATTRIBUTES, TOOLS, ToolboxTask
+from harnessrl.harness_examples.toolbox.tasks import ATTRIBUTES, ToolboxTask
 from harnessrl.answer_match import exact_match
 
 
@@ -49,7 +49,8 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
         tried: list[tuple[str, str]] = []  # (item, attribute) of every attribute tool call made
         if not task.delegate:
             with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
-                answer, error, c = tool_loop(client, cfg.model, task.messages(), TOOLS, _tools(table, tried), **loop)
+                answer, error, c = tool_loop(client, cfg.model, task.messages(), task.tools, _tools(table, tried),
+                                             **loop)
             counts.update(c)
         else:
             def ask_worker(question: str) -> str:
@@ -57,7 +58,8 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                 messages = [task.worker_messages()[0], {"role": "user", "content": question}]
                 with make_client(ro.base_url("worker"), f"hrl-{ro.id}-worker",
                                  {"X-HarnessRL-Session": f"worker-{counts['worker_calls']}"}) as worker:
-                    reply, _, c = tool_loop(worker, cfg.model, messages, TOOLS, _tools(table, tried), **loop)
+                    reply, _, c = tool_loop(worker, cfg.model, messages, task.worker_tools, _tools(table, tried),
+                                            **loop)
                 counts["tool_calls"] += c["tool_calls"]
                 counts["tool_errors"] += c["tool_errors"]
                 if not reply:
@@ -66,7 +68,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                 return reply
 
             with make_client(ro.base_url("planner"), f"hrl-{ro.id}-planner", {"X-HarnessRL-Session": "planner"}) as client:
-                answer, error, c = tool_loop(client, cfg.model, task.messages(), [ASK_WORKER],
+                answer, error, c = tool_loop(client, cfg.model, task.messages(), task.tools,
                                              {"ask_worker": ask_worker}, **loop)
             counts["tool_calls"] += c["tool_calls"]
             counts["tool_errors"] += c["tool_errors"]

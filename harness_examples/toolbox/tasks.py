@@ -10,6 +10,11 @@ argument the policy has seen, never new words.
 `delegate=True`: the planner has only `ask_worker(question)`; a worker with the four tools
 answers it (MATPO's planner/worker split). Rows carry the planner's expert trace; `write(...,
 sft=True)` adds the worker's, for a warm start of both roles.
+
+`compact=True` (opt-in; the learning benchmark sets it): the same tasks with a short system text
+and tool schemas of only a name and a parameter: 210 prompt tokens instead of 341 for the tiny model. The tool schemas
+are most of every sample's prompt, and a tiny model's SFT, rollout and training steps all cost by
+the prompt's length.
 """
 
 from __future__ import annotations
@@ -33,9 +38,15 @@ ITEMS = ("river book engine ticket flight vehicle stock message file planet moon
 SYSTEM = ("Answer the question with the one tool that returns the asked attribute, called with the item; "
           "its result is your answer.")
 PLANNER_SYSTEM = "You are the planner. Ask the worker the question with the ask_worker tool; its reply is your answer."
+COMPACT_SYSTEM = "Call the tool of the asked attribute with the item."
+COMPACT_PLANNER_SYSTEM = "Ask the worker the question."
 
 
-def tool_schema(name: str, param: str, description: str) -> dict[str, Any]:
+def tool_schema(name: str, param: str, description: str, compact: bool = False) -> dict[str, Any]:
+    """An OpenAI function tool of one required string parameter. `compact`: its name and parameter
+    only — a call naming another tool or argument is still invalid (compiler/rewards.call_valid)."""
+    if compact:
+        return {"type": "function", "function": {"name": name, "parameters": {"properties": {param: {}}}}}
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}}}
@@ -43,6 +54,8 @@ def tool_schema(name: str, param: str, description: str) -> dict[str, Any]:
 
 TOOLS = [tool_schema(f"get_{a}", "item", f"Return the {a} of an item.") for a in ATTRIBUTES]
 ASK_WORKER = tool_schema("ask_worker", "question", "Ask the worker, who has the attribute tools, a question.")
+COMPACT_TOOLS = [tool_schema(f"get_{a}", "item", "", compact=True) for a in ATTRIBUTES]
+COMPACT_ASK_WORKER = tool_schema("ask_worker", "question", "", compact=True)
 
 
 def call_trace(name: str, args: dict[str, str], result: str) -> list[dict[str, Any]]:
@@ -60,21 +73,30 @@ class ToolboxTask:
     attribute: str
     value: str
     delegate: bool = False
+    compact: bool = False  # the short prompt (module docstring)
 
     @property
     def question(self) -> str:
         return f"What is the {self.attribute} of the {self.item}?"
 
     def messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": PLANNER_SYSTEM if self.delegate else SYSTEM},
-                {"role": "user", "content": self.question}]
+        if self.delegate:
+            return [{"role": "system", "content": COMPACT_PLANNER_SYSTEM if self.compact else PLANNER_SYSTEM},
+                    {"role": "user", "content": self.question}]
+        return self.worker_messages()
 
     def worker_messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": self.question}]
+        return [{"role": "system", "content": COMPACT_SYSTEM if self.compact else SYSTEM},
+                {"role": "user", "content": self.question}]
 
     @property
     def tools(self) -> list[dict[str, Any]]:
-        return [ASK_WORKER] if self.delegate else TOOLS
+        """The tools of the task's first agent: the planner's ask_worker, or the attribute tools."""
+        return ([COMPACT_ASK_WORKER] if self.compact else [ASK_WORKER]) if self.delegate else self.worker_tools
+
+    @property
+    def worker_tools(self) -> list[dict[str, Any]]:
+        return COMPACT_TOOLS if self.compact else TOOLS
 
     def reference_call(self) -> tuple[str, dict[str, str]]:
         return ("ask_worker", {"question": self.question}) if self.delegate else (f"get_{self.attribute}",
@@ -85,11 +107,11 @@ class ToolboxTask:
         return {"id": self.id, "input": self.messages(), "reference": self.value,
                 "reference_calls": [{"name": name, "arguments": args}], "expert_trace": call_trace(name, args, self.value),
                 "tools": self.tools, "meta": {"harness": "toolbox", "item": self.item, "attribute": self.attribute,
-                                              "delegate": self.delegate}}
+                                              "delegate": self.delegate, **({"compact": True} if self.compact else {})}}
 
     def worker_row(self) -> dict[str, Any]:
         """The worker's part of a delegated task, as a line for SFT."""
-        solo = ToolboxTask(self.id + "/worker", self.item, self.attribute, self.value)
+        solo = ToolboxTask(self.id + "/worker", self.item, self.attribute, self.value, compact=self.compact)
         return {**solo.row(), "input": self.worker_messages()}
 
 
@@ -107,8 +129,10 @@ def world(seed: int = 0) -> dict[tuple[str, str], str]:
     return {(i, a): rng.choice(vals) for i in ITEMS for a, vals in ATTRIBUTES.items()}
 
 
-def generate(seed: int = 0, delegate: bool = False) -> tuple[list[ToolboxTask], list[ToolboxTask]]:
-    """(training, held-out) tasks: 64 each, every item with two attributes on each side."""
+def generate(seed: int = 0, delegate: bool = False,
+             compact: bool = False) -> tuple[list[ToolboxTask], list[ToolboxTask]]:
+    """(training, held-out) tasks: 64 each, every item with two attributes on each side;
+    `compact`: with the short prompt (the same tasks otherwise)."""
     table = world(seed)
     rng = random.Random(f"toolbox-split-{seed}")
     train, held = [], []
@@ -117,7 +141,7 @@ def generate(seed: int = 0, delegate: bool = False) -> tuple[list[ToolboxTask], 
         rng.shuffle(attrs)
         for side, chosen in ((train, attrs[:2]), (held, attrs[2:])):
             for a in chosen:
-                side.append(ToolboxTask(f"toolbox-{item}-{a}", item, a, table[(item, a)], delegate))
+                side.append(ToolboxTask(f"toolbox-{item}-{a}", item, a, table[(item, a)], delegate, compact))
     rng.shuffle(train)
     rng.shuffle(held)
     return train, held
@@ -145,7 +169,7 @@ def inconsistent_expert(tasks: list[ToolboxTask], table: dict[tuple[str, str], s
         raise ValueError(f"confusions must map attributes to attributes ({unknown}) and 0 ≤ right ≤ traces")
     rows = []
     for t in tasks:
-        solo = ToolboxTask(t.id + "/worker" if t.delegate else t.id, t.item, t.attribute, t.value)
+        solo = ToolboxTask(t.id + "/worker" if t.delegate else t.id, t.item, t.attribute, t.value, compact=t.compact)
         for k in range(traces):
             called = confusions.get(t.attribute, t.attribute) if k >= right else t.attribute
             rows.append({**solo.row(), "expert_trace": call_trace(f"get_{called}", {"item": t.item},
@@ -155,12 +179,13 @@ def inconsistent_expert(tasks: list[ToolboxTask], table: dict[tuple[str, str], s
     return rows
 
 
-def copy_drill(items: list[str] | None = None) -> list[dict[str, Any]]:
+def copy_drill(items: list[str] | None = None, compact: bool = False) -> list[dict[str, Any]]:
     """SFT lines that only copy a name into a call's argument: `find(item)` for each item, asked
     two ways. A pretrained LLM brings this skill; the tiny model does not, and without it the
     toolbox warm start writes an item remembered with the tool instead of the question's (on
-    held-out combinations almost never the right one), a failure no tool choice can mend."""
-    find = tool_schema("find", "item", "Find an item.")
+    held-out combinations almost never the right one), a failure no tool choice can mend.
+    `compact`: its tool schema as short as the compact tasks'."""
+    find = tool_schema("find", "item", "Find an item.", compact)
     rows = []
     for item in items or ITEMS:
         for k, question in enumerate((f"Find the {item}.", f"Where is the {item}?")):
@@ -177,5 +202,6 @@ def read(path: str | Path) -> list[ToolboxTask]:
         if line.strip():
             r = json.loads(line)
             m = r["meta"]
-            out.append(ToolboxTask(r["id"], m["item"], m["attribute"], r["reference"], bool(m.get("delegate"))))
+            out.append(ToolboxTask(r["id"], m["item"], m["attribute"], r["reference"], bool(m.get("delegate")),
+                                   bool(m.get("compact"))))
     return out
