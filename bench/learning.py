@@ -67,6 +67,13 @@ from learning_report import PARTS, report  # noqa: E402
 
 
 def main() -> None:
+    args = parse_args()
+    if not args.report_only:
+        _train_parallel(args) if "," in args.seeds else _train(args)
+    report(args.out, Console())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench-out/learning"))
     ap.add_argument("--report-only", action="store_true",
@@ -112,12 +119,10 @@ def main() -> None:
                     help="scale of negative advantages (trainer option negative_weight; 1: the methods' loss)")
     ap.add_argument("--jobs", type=int, default=2,
                     help="seeds trained at once, each in its own process with the cores split between them")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.steps is None:
         args.steps = max(1, args.group_size * args.train_tasks // args.batch_size)
-    if not args.report_only:
-        _train_parallel(args) if "," in args.seeds else _train(args)
-    report(args.out, Console())
+    return args
 
 
 def _base_model(args: argparse.Namespace) -> str:

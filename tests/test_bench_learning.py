@@ -203,3 +203,34 @@ def test_a_benchmark_trained_in_parts_keeps_the_other_algorithms_runs(tmp_path):
     write(path, {"args": {**args, "lr": 1e-3, "algos": "grpo"}, "runs": {"grpo": [6]}, "wall_s": 10.0})
     assert json.loads(path.read_text()) == {"args": {**args, "lr": 1e-3, "algos": "grpo"}, "runs": {"grpo": [6]},
                                             "wall_s": 10.0}
+
+
+def test_seeds_an_earlier_run_finished_with_the_same_settings_are_kept_not_trained(tmp_path, monkeypatch):
+    """A run cut short resumes: a seed whose per-seed results.json has the run's settings is read
+    back (no process started for it), and the merged results name it as reused; a seed of other
+    settings is trained again."""
+    learning = _learning()
+
+    def seed_results(seed: int, *flags: str) -> None:
+        child = learning.parse_args(["--seeds", str(seed), "--algos", "grpo", "--model", "base",
+                                     "--out", str(tmp_path / f"seed-{seed}"), *flags])
+        (tmp_path / f"seed-{seed}").mkdir(exist_ok=True)
+        (tmp_path / f"seed-{seed}" / "results.json").write_text(json.dumps(
+            {"args": learning._settings(child), "harness": "toolbox", "n_eval": 64,
+             "runs": {"grpo": [{"seed": seed, "after": 0.5}]}}))
+
+    started = []
+
+    def train_one(cmd, **_):  # stands in for the per-seed process: records it, leaves its results
+        started.append(int(cmd[cmd.index("--seeds") + 1]))
+        seed_results(started[-1])
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", train_one)
+    seed_results(0)
+    seed_results(1, "--lr", "1e-3")  # an earlier run with another learning rate
+    learning._train_parallel(learning.parse_args(["--seeds", "0,1", "--algos", "grpo", "--model", "base",
+                                                  "--out", str(tmp_path)]))
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert started == [1] and merged["reused"] == [0]
+    assert [r["seed"] for r in merged["runs"]["grpo"]] == [0, 1]
