@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from harnessrl.cli_options import old_spelling
 from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import make_client, resolve_model
@@ -16,7 +17,8 @@ CORPUS = typer.Option(None, "--corpus", help="Corpus JSONL (text, optional id/ti
 QA_FILE = typer.Option(None, "--qa", help="QA JSONL (question, answer); give it with --corpus.")
 SEED = typer.Option(0, "--seed", help="Seed of the generated world.")
 N_TASKS = typer.Option(4, "--n-tasks", help="Use the first N questions.")
-GROUP = typer.Option(1, "--group", help="Rollouts per task.")
+GROUP = typer.Option(1, "--group-size", help="Rollouts per task (as in `harnessrl loop`).")
+GROUP_OLD = old_spelling("--group")  # until the next release: the name before --group-size
 CONCURRENCY = typer.Option(2, "--concurrency", help="Rollouts running at once.")
 MODEL = typer.Option(None, "--model", help="Model name to send; default: the first the proxy lists.")
 MAX_TOKENS = typer.Option(256, "--max-tokens", help="Completion token limit per model call.")

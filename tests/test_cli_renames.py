@@ -5,6 +5,8 @@ the command panels of `harnessrl --help`; `harnessrl vllm --dry-run` without vLL
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from types import SimpleNamespace
 
 import pytest
 import typer
@@ -167,3 +169,26 @@ def test_vllm_dry_run_prints_the_command_without_vllm(monkeypatch, tmp_path):
     assert "VLLM_SERVER_DEV_MODE=1" in res.stdout
     real = _invoke(["vllm", "org/model"])
     assert isinstance(real.exception, UserError) and "no vLLM found" in str(real.exception)
+
+
+
+@pytest.mark.parametrize("example", ["react", "planner_worker", "langgraph_search", "bfcl_multiturn"])
+def test_the_search_examples_call_rollouts_per_task_group_size(example, monkeypatch):
+    """The example harnesses' command lines use the loop's name for rollouts per task; `--group` still works."""
+    module = importlib.import_module(f"harnessrl.harness_examples.{example}.__main__")
+    groups: list[int] = []
+
+    def run_many(fn, tasks, group, concurrency):  # the rollouts themselves are not run
+        groups.append(group)
+        raise _Stop
+
+    monkeypatch.setattr(module, "run_many", run_many)
+    monkeypatch.setattr(module.o, "prepare", lambda *a, **k: SimpleNamespace(tasks=[], env=None))
+    monkeypatch.setattr(module.o, "model_name", lambda proxy, model: "m")
+    if hasattr(module, "load_tasks"):
+        monkeypatch.setattr(module, "load_tasks", lambda *a, **k: [])
+    new = CliRunner().invoke(module.app, ["--proxy", "http://x", "--group-size", "3"])
+    old = CliRunner().invoke(module.app, ["--proxy", "http://x", "--group", "3"])
+    assert isinstance(new.exception, _Stop) and isinstance(old.exception, _Stop), (new.output, old.output)
+    assert groups == [3, 3]
+    _same_with_warning(new, old, "--group", "--group-size")

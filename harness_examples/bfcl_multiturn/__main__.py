@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from harnessrl.cli_options import renamed
 from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.harness_examples import search_cli as o
@@ -22,12 +23,14 @@ def bfcl_multiturn(
     proxy: str = o.PROXY,
     category: str = typer.Option("multi_turn_base", help="BFCL multi-turn category."),
     ids: list[str] = typer.Option(None, "--id", help="Task id (repeatable); default: the first --n-tasks."),
+    group_old: int = o.GROUP_OLD,
     n_tasks: int = o.N_TASKS, group: int = o.GROUP, concurrency: int = o.CONCURRENCY, model: str = o.MODEL,
     max_tokens: int = o.MAX_TOKENS, temperature: float = o.TEMPERATURE, run: str = o.RUN,
     export_tasks: Path = o.EXPORT,
     max_steps_per_turn: int = typer.Option(5, help="Model calls per user turn."),
 ) -> None:
     """BFCL multi-turn tasks with the executable back-ends; outcome = BFCL's state check."""
+    group = renamed(group, group_old, "--group", "--group-size")
     if n_tasks < 1:
         raise UserError("--n-tasks must be at least 1")
     tasks = load_tasks(category, ids=ids or None, limit=None if ids else n_tasks)

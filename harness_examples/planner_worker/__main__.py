@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from harnessrl.cli_options import renamed
 from harnessrl.console import Console
 from harnessrl.harness_examples import search_cli as o
 from harnessrl.harness_examples.planner_worker.harness import PlannerWorkerConfig, run_rollout
@@ -17,6 +18,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 @app.command()
 def planner_worker(
     proxy: str = o.PROXY, corpus: Path = o.CORPUS, qa: Path = o.QA_FILE, seed: int = o.SEED, n_tasks: int = o.N_TASKS,
+    group_old: int = o.GROUP_OLD,
     group: int = o.GROUP, concurrency: int = o.CONCURRENCY, model: str = o.MODEL, max_tokens: int = o.MAX_TOKENS,
     temperature: float = o.TEMPERATURE, reward: str = o.REWARD, run: str = o.RUN, export_tasks: Path = o.EXPORT,
     max_planner_turns: int = typer.Option(4, help="Planner replies before the episode ends without an answer."),
@@ -25,6 +27,7 @@ def planner_worker(
         False, help="If the planner's first reply dispatches no search agent, dispatch one with the user's question."),
 ) -> None:
     """Planner–worker multi-hop search: the planner dispatches search agents, then answers."""
+    group = renamed(group, group_old, "--group", "--group-size")
     tasks = o.prepare(proxy, corpus, qa, seed, n_tasks, reward, export_tasks)
     if tasks is None:
         return

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from harnessrl.cli_options import renamed
 from harnessrl.console import Console
 from harnessrl.harness_examples import search_cli as o
 from harnessrl.harness_examples.react.harness import ReactConfig, run_rollout
@@ -17,11 +18,13 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 @app.command()
 def react(
     proxy: str = o.PROXY, corpus: Path = o.CORPUS, qa: Path = o.QA_FILE, seed: int = o.SEED, n_tasks: int = o.N_TASKS,
+    group_old: int = o.GROUP_OLD,
     group: int = o.GROUP, concurrency: int = o.CONCURRENCY, model: str = o.MODEL, max_tokens: int = o.MAX_TOKENS,
     temperature: float = o.TEMPERATURE, reward: str = o.REWARD, run: str = o.RUN, export_tasks: Path = o.EXPORT,
     max_turns: int = typer.Option(6, help="Model replies before the episode ends without an answer."),
 ) -> None:
     """Single-agent ReAct over the search task (search + calculator tools)."""
+    group = renamed(group, group_old, "--group", "--group-size")
     tasks = o.prepare(proxy, corpus, qa, seed, n_tasks, reward, export_tasks)
     if tasks is None:
         return
