@@ -27,7 +27,7 @@ class ProxyConfig:
     upstreams: tuple[str, ...] = option(
         (), "--upstream", metavar="URL", panel=UPSTREAM,
         help="Server to forward to: vLLM or any OpenAI-compatible one, or a hosted model (see --upstream-dialect); "
-        "http[s]://host[:port]. Repeat for several replicas (sticky sessions).")
+        "http://host[:port] or https://… Repeat for several replicas (sticky sessions).")
     # what the upstream speaks: openai-chat (vLLM, token ids) | openai-responses | anthropic (hosted
     # models: text only, recorded with prompt_path text-only and never trained on)
     upstream_dialect: str = option(
