@@ -136,12 +136,14 @@ def test_diagnostics_do_not_depend_on_the_split(samples, tiny_model_dir, tmp_pat
     for name in DIAGNOSTICS:
         assert logs[1][name] == pytest.approx(want[name], abs=1e-5), name
         assert logs[3][name] == pytest.approx(want[name], abs=1e-5), name
-    # What the mean of per-micro-batch means logged instead differs from the step's value by far more
-    # than the tolerance above for this split (entropy by ~3e-4, clip ratio by ~3e-3).
+    # What the mean of per-micro-batch means logged instead differs from the step's value by several
+    # times the tolerance above for this split (entropy by 0.9e-4 to 3e-4: the tiny model and tokenizer
+    # are built by the installed libraries, and vary between installs; clip ratio by ~3e-3): the
+    # assertions above would have caught it.
     entropies = [float((entropy[g] * m[g]).sum() / m[g].sum()) for g in groups]
     clipped = [float(clipped_tokens(logps[g], batch["behaviour_logps"][g], batch["advantages"][g], m[g], 0.2, 0.2) / m[g].sum())
                for g in groups]
-    assert abs(sum(entropies) / 3 - want["entropy"]) > 1e-4 and abs(sum(clipped) / 3 - want["clip_ratio"]) > 1e-3
+    assert abs(sum(entropies) / 3 - want["entropy"]) > 4e-5 and abs(sum(clipped) / 3 - want["clip_ratio"]) > 4e-5
 
 
 def test_two_processes_gloo_same_loss_gradient_and_diagnostics(samples, tiny_model_dir, tmp_path):
