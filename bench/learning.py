@@ -21,7 +21,7 @@ outcome reward is for, and what it can carry to held-out tasks (a rule of the qu
 word, not of a task). Its data also holds a copy drill (`find(item)` over every item,
 `--copy-drill`): the tiny model has no pretrained copying, and without it the warm start writes an
 item remembered with the tool, wrong on almost every held-out combination whatever the tool
-(docs/benchmarks.md › Learning has the runs that showed it). `--confuse none` is a faithful
+(docs/changelog.md has the runs that showed it). `--confuse none` is a faithful
 expert (then `--sft-items`/`--sft-others`, `sft_share`, choose what it was fitted on).
 
 Per seed: one SFT warm start (the same for every algorithm; reused from an earlier run in the same
