@@ -28,7 +28,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from harnessrl.proxy.record.call_rows import BUSY, CallRecord, RecordError, RolloutFinished, RowWriter
+from harnessrl.proxy.record.batch_writer import UNRECORDED, BatchWriter, Lost
+from harnessrl.proxy.record.call_rows import BUSY, CallRecord, RecordError, RolloutFinished
 from harnessrl.proxy.record.inline_commit import Checkpointer, InlineCommit, inline_capable, resolve
 from harnessrl.proxy.record.failed_call_journal import DEFAULT_MAX_BYTES, Spill, default_dir
 
@@ -44,12 +45,7 @@ class RolloutBusy(DatabaseUnavailable):
     """The call's rollout row stayed locked by someone else for `busy_s`; retry the call (503)."""
 
 
-class _Lost(Exception):
-    """The writer's connection is gone (or cannot be opened yet)."""
-
-
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0
-_UNRECORDED = "the records database refused it (the proxy log has the reason for this call id)"
 _UNAVAILABLE = "the records database is unavailable; retry the call"
 _LOCKED = "the rollout's database row is locked by another session; retry the call"
 _BUSY_POLL = 0.02  # how soon a call whose rollout row is locked is tried again
@@ -87,10 +83,9 @@ class Recorder:
         self._retry_s = retry_s
         self._busy_s = busy_s
         self._metrics = metrics  # `prometheus.RecorderMetrics`-like: commit latency, DB errors (or None)
-        self._rows = RowWriter(engine.dialect.name, engine.dialect.paramstyle)
+        self._db = BatchWriter(engine, self._db_error)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: list[tuple[tuple, float]] = []  # (queue item, when first BUSY): rollout row locked
-        self._dbapi_error = engine.dialect.loaded_dbapi.Error
         self._conn = engine.raw_connection()  # opened here so a bad DB fails at start, not per call
         self._state, self._last_error = "ok", None
         self._next_try, self._backoff = 0.0, _MIN_BACKOFF
@@ -184,7 +179,7 @@ class Recorder:
             outcomes = self._commit_batch(recs)
         except Exception:  # noqa: BLE001 - the writer must outlive any one batch
             log.exception("recorder: unexpected error writing calls %s", [r.id for r in recs])
-            outcomes = [RecordError(_UNRECORDED)] * len(recs)
+            outcomes = [RecordError(UNRECORDED)] * len(recs)
         if self._metrics is not None:
             self._metrics.commit(time.perf_counter() - t0)
         self._committed += sum(e is None for e in outcomes)
@@ -275,12 +270,12 @@ class Recorder:
             try:
                 conn = self._connect()
                 if not retried:
-                    return self._write(conn, recs)
-                present = self._present(conn, recs)
-                errors = self._write(conn, [r for r in recs if r.id not in present])
+                    return self._db.write(conn, recs)
+                present = self._db.present(conn, recs)
+                errors = self._db.write(conn, [r for r in recs if r.id not in present])
                 it = iter(errors)
                 return [None if r.id in present else next(it) for r in recs]
-            except _Lost as lost:
+            except Lost as lost:
                 self._down(lost.__cause__, recs)
             retried = True
             wait = self._next_try - time.monotonic()
@@ -294,13 +289,13 @@ class Recorder:
             return self._conn
         now = time.monotonic()
         if now < self._next_try:
-            raise _Lost
+            raise Lost
         try:
             conn = self._engine.raw_connection()  # pre-pinged by the pool
         except Exception as exc:  # noqa: BLE001 - any failure to connect: still away
             self._db_error()
             self._next_try, self._backoff = now + self._backoff, min(2 * self._backoff, _MAX_BACKOFF)
-            raise _Lost from exc
+            raise Lost from exc
         self._conn, self._state, self._backoff = conn, "ok", _MIN_BACKOFF
         log.warning("recorder: reconnected to the records DB")
         self._spill.adopt()  # a proxy that stopped meanwhile may have left failed calls
@@ -313,7 +308,7 @@ class Recorder:
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
             self._conn = None
-        self._rows.unassigned_ok = False
+        self._db.rows.unassigned_ok = False
         if exc is not None:
             self._last_error = type(exc).__name__
             if self._state == "ok":
@@ -340,12 +335,12 @@ class Recorder:
             return
         try:
             conn = self._connect()
-            present = self._present(conn, recs)
+            present = self._db.present(conn, recs)
             if present:  # committed, but the commit's answer was lost: the harness got a 503
-                self._mark_failed(conn, [r for r in recs if r.id in present])
+                self._db.mark_failed(conn, [r for r in recs if r.id in present])
             todo = [r for r in recs if r.id not in present]
-            outcomes = self._write(conn, todo)
-        except _Lost as lost:
+            outcomes = self._db.write(conn, todo)
+        except Lost as lost:
             self._down(lost.__cause__, recs)
             self._spill.untake()
             return
@@ -362,66 +357,6 @@ class Recorder:
         log.warning("recorder: wrote %d failed calls from the journal (%d waiting)",
                     len(recs) - len(locked) - refused, self._spill.rows)
 
-    def _mark_failed(self, conn, recs: list[CallRecord]) -> None:
-        # the harness got a 503 for these: each counts as its rollout's error, once
-        self._in_transaction(conn, lambda cur: self._rows.mark_failed(cur, recs))
-
-    def _present(self, conn, recs: list[CallRecord]) -> set[str]:
-        """Ids among `recs` already committed (a commit cut off in flight may have landed)."""
-        return self._in_transaction(conn, lambda cur: self._rows.present(cur, [r.id for r in recs]))
-
-    @staticmethod
-    def _in_transaction(conn, run):
-        try:
-            cur = conn.cursor()
-            out = run(cur)
-            cur.close()
-            conn.commit()
-            return out
-        except Exception as exc:  # noqa: BLE001 - only a lost connection is expected here
-            raise _Lost from exc
-
-    def _write(self, conn, recs: list[CallRecord]) -> list[Any]:
-        if not recs:
-            return []
-        try:
-            errors = self._write_batch(conn, recs)
-            conn.commit()
-            return errors
-        except Exception as exc:  # noqa: BLE001 - isolate the bad row: retry one by one
-            self._rollback(conn, exc)
-        return [self._write_one(conn, r) for r in recs]
-
-    def _write_one(self, conn, rec: CallRecord) -> Exception | None:
-        try:
-            (err,) = self._write_batch(conn, [rec])
-            conn.commit()
-            return err
-        except Exception as exc:  # noqa: BLE001 - reported to the waiting request
-            self._rollback(conn, exc)
-            log.warning("recorder: call %s not recorded: %s", rec.id, exc)
-            return RecordError(_UNRECORDED)
-
-    def _rollback(self, conn, exc: Exception) -> None:
-        """Roll back after `exc`; raise `_Lost` if `exc` (or the rollback) shows the
-        connection is gone."""
-        self._rows.unassigned_ok = False
-        self._db_error()
-        dbapi_conn = conn.dbapi_connection
-        if dbapi_conn is None or (isinstance(exc, self._dbapi_error)
-                                  and self._engine.dialect.is_disconnect(exc, dbapi_conn, None)):
-            raise _Lost from exc
-        try:
-            conn.rollback()
-        except Exception as rb_exc:  # noqa: BLE001 - a rollback that fails: the connection is gone
-            raise _Lost from rb_exc
-
     def _db_error(self) -> None:
         if self._metrics is not None:
             self._metrics.db_error()
-
-    def _write_batch(self, conn, recs: list[CallRecord]) -> list[Any]:
-        cur = conn.cursor()
-        outcomes = self._rows.write(cur, recs, time.time())
-        cur.close()
-        return outcomes
