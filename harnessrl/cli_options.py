@@ -26,6 +26,7 @@ from typing import Any
 import typer
 
 from harnessrl.algorithms import algo_help
+from harnessrl.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -211,8 +212,6 @@ def positional_db() -> Any:
 
 def records_db(db: str | None, positional: str | None) -> str:
     """`--db`, else the deprecated positional DB; one of them is required."""
-    from harnessrl.errors import UserError
-
     db = renamed(db, positional, "the records DB as an argument", "--db DB")
     if db is None:
         raise UserError("give the records DB with --db (a SQLite path or postgresql+psycopg:// URL)")
