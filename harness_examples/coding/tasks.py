@@ -1,6 +1,9 @@
 """The coding task family: small Python repositories, each with a bug to fix or a function to write.
 
-Offline and deterministic (a seed gives the same files). A task is one tasks-file row
+Offline and reproducible: a seed and a salt give the same files. The salt is the secret part:
+`harnessrl tasks coding` draws a fresh one unless `--salt` is given and writes it nowhere, so the
+generator installed where a sandboxed agent can read it cannot replay a task's constants, hidden
+cases or reference (docs/coding.md, "What a sandbox can read"). A task is one tasks-file row
 (harnessrl/tasks_file.py) with inline trees: `workspace` (a package with the function and a
 helper module, visible tests in tests/, a README), `hidden_tests` (hidden_tests/: the visible
 cases and more, laid over the workspace only for the reward) and `reference` (the fixed module,
@@ -8,13 +11,14 @@ what a solution looks like: scripted agents and checks use it). Train and held-o
 from separate random streams, and no training task shares a held-out task's (template, kind,
 constants, names) signature: what is held out is new code, not new inputs to the same code.
 
-    harnessrl tasks coding --out DIR --n-train 32 --n-eval 8 --seed 0
+    harnessrl tasks coding --out DIR --n-train 32 --n-eval 8 --seed 0 [--salt SECRET]
 """
 
 from __future__ import annotations
 
 import json
 import random
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +134,23 @@ def _draw(stream: str, n: int, avoid: set, prefix: str) -> tuple[list[dict], set
     return rows, made_sigs
 
 
-def generate(n_train: int, n_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows): tasks-file rows with inline workspace and hidden tests."""
-    # the held-out set first: fixed by the seed alone, whatever --n-train is
-    held, held_sigs = _draw(f"coding-eval-{seed}", n_eval, set(), "coding-eval")
-    return _draw(f"coding-train-{seed}", n_train, held_sigs, "coding-train")[0], held
+def new_salt() -> str:
+    return secrets.token_hex(16)
 
 
-def write(out: Path, n_train: int, n_eval: int, seed: int = 0) -> dict[str, Path]:
-    """OUT/coding.jsonl (training rows, then held-out rows), OUT/train.jsonl, OUT/eval.jsonl."""
-    train, held = generate(n_train, n_eval, seed)
+def generate(n_train: int, n_eval: int, seed: int = 0, salt: str | None = None) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): tasks-file rows with inline workspace and hidden tests.
+    `salt`: None draws a fresh one, so only a caller that keeps its salt can make the same rows again."""
+    salt = new_salt() if salt is None else salt
+    # the held-out set first: fixed by the seed and salt alone, whatever --n-train is
+    held, held_sigs = _draw(f"coding-eval-{seed}-{salt}", n_eval, set(), "coding-eval")
+    return _draw(f"coding-train-{seed}-{salt}", n_train, held_sigs, "coding-train")[0], held
+
+
+def write(out: Path, n_train: int, n_eval: int, seed: int = 0, salt: str | None = None) -> dict[str, Path]:
+    """OUT/coding.jsonl (training rows, then held-out rows), OUT/train.jsonl, OUT/eval.jsonl. The salt
+    is not written: the rows are the record, and the folder is hidden from every sandbox."""
+    train, held = generate(n_train, n_eval, seed, salt)
     out.mkdir(parents=True, exist_ok=True)
     files = {"all": out / "coding.jsonl", "train": out / "train.jsonl", "eval": out / "eval.jsonl"}
     for key, rows in (("all", train + held), ("train", train), ("eval", held)):

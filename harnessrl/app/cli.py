@@ -118,14 +118,18 @@ def tasks_coding(
                              "train.jsonl and eval.jsonl."),
     n_train: int = typer.Option(32, "--n-train", help="Training tasks."),
     n_eval: int = typer.Option(8, "--n-eval", help="Held-out tasks (never sharing code with a training task)."),
-    seed: int = typer.Option(0, "--seed", help="Seed: the same seed writes the same tasks."),
+    seed: int = typer.Option(0, "--seed", help="Seed: the same seed and --salt write the same tasks."),
+    salt: str = typer.Option(None, "--salt", help="Secret mixed into the seed (default: a fresh random one, kept "
+                             "nowhere), so the generator a sandboxed agent can read cannot replay the tasks."),
 ) -> None:
     """Generate coding tasks: small Python repositories with a bug or a missing function, visible and hidden tests."""
     from harnessrl.harness_examples.coding.tasks import write
 
     if n_train < 0 or n_eval < 0 or n_train + n_eval == 0:
         raise UserError("--n-train and --n-eval: counts of tasks, not both 0")
-    files = write(out, n_train, n_eval, seed)
+    if salt is not None and not salt.strip():
+        raise UserError("--salt: a non-empty secret string (or leave it out for a random one)")
+    files = write(out, n_train, n_eval, seed, salt)
     fraction = n_eval / (n_train + n_eval)
     Console().print(f"{n_train} training and {n_eval} held-out coding tasks in [bold]{files['all']}[/bold] "
                     f"(loop: --tasks {files['all']} --n-tasks {n_train + n_eval} --eval-fraction {fraction:.4g})",
