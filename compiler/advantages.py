@@ -19,7 +19,8 @@ import numpy as np
 
 from harnessrl.errors import UserError
 
-_CHOICES = {"std": ("sample", "population"), "proc_norm": ("index", "all"), "singleton": ("zero", "raw")}
+_CHOICES = {"std": ("sample", "population"), "proc_norm": ("index", "all"), "singleton": ("zero", "raw"),
+            "matpo_norm": ("turns", "planner")}
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class AdvantageConfig:
     proc_norm: str = "index"  # harness: normalise units with the same agent and index | "all" the group's units
     matpo_acc: float = 0.9  # matpo: R = acc_w·acc + fmt_w·(½ fmt_p + ½ fmt_w)
     matpo_fmt: float = 0.1
+    matpo_norm: str = "turns"  # matpo: the group is the G×(T+1) planner and worker rollouts | "planner": the G
     gamma: float = 0.9  # matchtir discount
     alpha: float = 1.0  # matchtir: 1 (paper) or 0.5 (reference code)
     lambda_pen: float = 0.0  # matchtir: reward of an unmatched predicted call is −λ_pen
@@ -134,12 +136,28 @@ def matpo_reward(acc: float, fmt_planner: float, fmt_workers: list[float],
 
 
 def matpo(acc: dict[str, float], fmt_planner: dict[str, float], fmt_workers: dict[str, list[float]],
-          groups: dict[str, str], cfg: AdvantageConfig = AdvantageConfig(),
-          counts: Counter | None = None) -> dict[str, float]:
-    """One scalar per rollout, normalised over the group's planner rollouts; the caller
-    broadcasts it to the planner's and the workers' samples of that rollout."""
+          groups: dict[str, str], cfg: AdvantageConfig = AdvantageConfig(), counts: Counter | None = None,
+          n_workers: dict[str, int] | None = None) -> dict[str, float]:
+    """One scalar per rollout; the caller broadcasts it to the planner's and the workers' samples
+    of that rollout. `matpo_norm="turns"` (the paper's "normalizes across G×(T+1) rollouts"):
+    mean and std over the group's planner rollouts and their worker rollouts, each worker
+    rollout carrying its planner's reward, so rollout i weighs 1 + T_i (`n_workers`, default
+    `len(fmt_workers[e])`); `"planner"`: over the G planner rollouts alone."""
     rewards = {e: matpo_reward(acc[e], fmt_planner[e], fmt_workers.get(e, []), cfg) for e in acc}
-    return grpo(rewards, groups, cfg, counts)
+    if cfg.matpo_norm == "planner":
+        return grpo(rewards, groups, cfg, counts)
+    turns = {e: 1 + (n_workers[e] if n_workers is not None else len(fmt_workers.get(e, []))) for e in rewards}
+    out: dict[str, float] = {}
+    for members in _by_group(groups, rewards).values():
+        expanded = [rewards[e] for e in members for _ in range(turns[e])]
+        if len(members) == 1:  # one planner rollout: no baseline however many workers it had
+            out[members[0]] = float(normalize([rewards[members[0]]], cfg, counts)[0])
+            continue
+        x = np.asarray(expanded)
+        mean, std = x.mean(), x.std(ddof=1 if cfg.std == "sample" else 0)
+        for e in members:
+            out[e] = float((rewards[e] - mean) / (std + cfg.eps))
+    return out
 
 
 def discounted_returns(r: list[float], gamma: float) -> list[float]:
