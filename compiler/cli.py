@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from harnessrl.algorithms import default_train_agents, get_algorithm
+from harnessrl.algorithms import default_train_agents, get_algorithm, process_rewards
 from harnessrl.cli_options import algo_option, positional_db, records_db, records_db_option
 
 tasks_app = typer.Typer(help="Tasks and expert traces in the records DB.", no_args_is_help=True)
@@ -34,8 +34,10 @@ def compile_cmd(
     reward: str | None = typer.Option(None, "--reward", rich_help_panel=REWARDS,
                                       help="Outcome reward: f1 | exact_match | contains | module:fn "
                                       "(default: the harness-reported outcome)."),
-    process: str = typer.Option("", "--process", rich_help_panel=REWARDS,
-                                help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir."),
+    process: str | None = typer.Option(None, "--process", rich_help_panel=REWARDS,
+                                       help="Process rewards, comma-separated: tool_format,dispatch_ok,matchtir; "
+                                       "none: outcome only (default: the --algo's paper's, e.g. capo: "
+                                       "tool_format,dispatch_ok; none without --algo)."),
     missing_outcome: str = typer.Option("skip", "--missing-outcome", rich_help_panel=REWARDS,
                                         help="Rollouts without an outcome reward: "
                                         "skip (left out of groups and samples) | zero (scored 0)."),
@@ -67,7 +69,7 @@ def compile_cmd(
     adv_config: Path | None = typer.Option(None, "--adv-config", rich_help_panel=ADVANTAGES,
                                            help="YAML/JSON file of advantage constants: "
                                            "lambda_proc, lambda_pen, gamma, alpha, eps, std, proc_norm, matpo_acc, "
-                                           "matpo_fmt, singleton (flags override it)."),
+                                           "matpo_fmt, matpo_norm, singleton (flags override it)."),
     singleton: str | None = typer.Option(None, "--singleton", rich_help_panel=ADVANTAGES,
                                          help="A group or turn bucket of one rollout: "
                                          "zero (advantage 0, default) | raw (its raw value)."),
@@ -92,13 +94,13 @@ def compile_cmd(
     from harnessrl.compiler.summary import summary_notes, summary_table
 
     db = records_db(db, db_arg)
-    if algo is not None:
-        spec = get_algorithm(algo)
+    spec = get_algorithm(algo) if algo is not None else None
+    if spec is not None:
         advantage = advantage or spec.advantage
         train_agents = train_agents or spec.train_agents
     advantage = advantage or "grpo"
     train_agents = train_agents or default_train_agents(advantage)
-    opts = CompileOptions(out=out, reward=reward, process=_split(process), advantage=advantage,
+    opts = CompileOptions(out=out, reward=reward, process=process_rewards(spec, process), advantage=advantage,
                           train_agents=train_agents, rollouts=_split(rollouts), since=since, run=run,
                           tokenizer=tokenizer, matcher=matcher, missing_outcome=missing_outcome,
                           on_call_error=on_call_error,

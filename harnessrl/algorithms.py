@@ -22,11 +22,19 @@ class Algorithm:
     train_agents: str  # central | all | comma-separated agent names
     loss_agg: str  # the trainer's default loss aggregation: the paper's (docs/methods.md, Loss aggregation)
     summary: str
+    # the compiler's process rewards (docs/methods.md §4) that the paper's objective uses beside the
+    # outcome; () for an outcome-only paper. `--process` replaces them (`--process none`: outcome only).
+    process: tuple[str, ...] = ()
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("grpo", "grpo", "central", "token_mean", "clipped surrogate on the group-normalised outcome (baseline)"),
-    Algorithm("capo", "harness", "central", "token_mean", "action/args gradient routing through MLP-unit partitions"),
+    # Harness-RL "combines rollout-level outcome rewards with decision-level process rewards"; it names
+    # no process function, so the two the interface records alone can score per decision: the call as
+    # written (tool exists, arguments fit its schema: the action and the args) and as dispatched (the
+    # tool or sub-agent answered without an error). docs/methods.md §5 `harness`.
+    Algorithm("capo", "harness", "central", "token_mean", "action/args gradient routing through MLP-unit partitions",
+              ("tool_format", "dispatch_ok")),
     Algorithm("matpo", "matpo", "all", "rollout_mean", "planner and worker samples in one batch, one model for every role"),
     Algorithm("pact", "matchtir", "central", "prompt_mean", "expert traces as privileged context plus component-aware SFT"),
 )}
@@ -42,6 +50,15 @@ def get_algorithm(name: str) -> Algorithm:
 def algo_help() -> str:
     """The `--algo` help text every command shows."""
     return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
+
+
+def process_rewards(algo: Algorithm | None, flag: str | None) -> tuple[str, ...]:
+    """The process rewards to compile with: `--process` as given (comma-separated; `none`: none),
+    else the algorithm's own (none without an algorithm)."""
+    if flag is None:
+        return algo.process if algo is not None else ()
+    names = tuple(p.strip() for p in flag.split(",") if p.strip())
+    return () if names == ("none",) else names
 
 
 def default_train_agents(advantage: str) -> str:
