@@ -8,7 +8,11 @@ socket per endpoint (the proxy, mitmdump), bind-mounted into the sandbox, where
 `sandbox_launch.py` listens on 127.0.0.1 at the endpoint's port. Base URLs on 127.0.0.1 therefore
 work unchanged; any other host or port is unreachable. `--sandbox none` runs the command in its
 own process group, killed as a whole on timeout. Both get per-process memory (RLIMIT_DATA: what a
-process writes, not the address space V8 or the JVM reserve) and CPU (RLIMIT_CPU) limits.
+process writes, not the address space V8 or the JVM reserve), CPU (RLIMIT_CPU) and file-size
+(RLIMIT_FSIZE) limits, a cap on the rollout's processes and on the output the host keeps; in a
+sandbox the workspace, HOME and TMPDIR share one size-capped tmpfs and /dev/shm is capped too
+(sandbox_caps.py). A hidden path's whole folder is hidden (siblings: train.jsonl beside
+coding.jsonl, runs.db beside loop_state.json), except the Python this runs on.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import IO
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+from harnessrl.app.sandbox_caps import UNPACK, CappedOutput, Export, PidsCgroup, pids_base
 from harnessrl.app.sandbox_launch import pump  # the launcher's own relay loop, so both ends forward alike
 from harnessrl.errors import UserError
 
@@ -47,13 +52,17 @@ class Limits:
     timeout: float | None = None  # seconds of wall time for the whole process tree
     memory: int | None = 8 << 30  # bytes, per process (RLIMIT_DATA)
     cpu_time: int | None = 3600  # CPU seconds, per process (RLIMIT_CPU)
+    procs: int | None = 1024  # processes and threads of the whole rollout (a pids cgroup, or RLIMIT_NPROC)
+    file_size: int | None = 1 << 30  # bytes, per file written (RLIMIT_FSIZE)
+    disk: int | None = 2 << 30  # bytes of the sandbox's workspace + HOME + TMPDIR (a tmpfs), and of /dev/shm
+    output: int | None = 4 << 20  # bytes of the command's stdout and stderr the host keeps
 
 
 @dataclass(frozen=True)
 class Mounts:
     workspace: Path  # writable, the command's working directory
     writable: tuple[Path, ...] = ()  # more host paths the command must write (CODEX_HOME, a reward file's folder)
-    hidden: tuple[Path, ...] = ()  # host paths the command must not read (the tasks file, hidden tests)
+    hidden: tuple[Path, ...] = ()  # host paths whose folders the command must not read (the tasks file, runs.db)
     readable: tuple[Path, ...] = ()  # host paths under ROOT it reads (a {task} file's folder)
 
 
@@ -62,9 +71,10 @@ class Finished:
     code: int
     timed_out: bool
     seconds: float
+    capped: str | None = None  # the cap the command ran into (disk, file-size, procs): the policy's doing, scored
 
 
-def parse_size(text: str, flag: str = "--memory") -> int | None:
+def parse_size(text: str, flag: str = "--memory", least: int = 1 << 20) -> int | None:
     """`8G`, `512M`, `1048576`; `0` or `none`: unlimited."""
     t = text.strip().lower()
     if t in ("0", "none"):
@@ -75,9 +85,22 @@ def parse_size(text: str, flag: str = "--memory") -> int | None:
         value = float(t[:-1] if t[-1:] in units else t) * scale
     except ValueError:
         raise UserError(f"{flag} {text!r}: a size such as 8G, 512M or 0 (unlimited)") from None
-    if value < 1 << 20:
-        raise UserError(f"{flag} {text!r}: at least 1M (or 0 for unlimited)")
+    if value < least:
+        raise UserError(f"{flag} {text!r}: at least {least >> 10}K (or 0 for unlimited)")
     return int(value)
+
+
+def db_files(db: str) -> tuple[Path, ...]:
+    """A sqlite records DB's files (the DB and its journals), for `Mounts.hidden`; none for a server's URL."""
+    from sqlalchemy.engine import make_url
+
+    from harnessrl.db import db_url
+
+    url = make_url(db_url(db))
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return ()
+    path = Path(url.database).resolve()
+    return tuple(path.with_name(path.name + end) for end in ("", "-wal", "-shm", "-journal"))
 
 
 def check_limits(limits: Limits) -> None:
@@ -87,8 +110,13 @@ def check_limits(limits: Limits) -> None:
         raise UserError("--timeout: a positive number of seconds")
     if limits.cpu_time is not None and limits.cpu_time <= 0:
         raise UserError("--cpu-time: a positive number of seconds (or leave it out)")
+    if limits.procs is not None and limits.procs < 16:
+        raise UserError(f"--max-procs {limits.procs}: at least 16 (the sandbox's own processes count), or 0: no cap")
     if limits.sandbox == "bwrap":
         _bwrap_works()
+        if limits.procs and os.geteuid() == 0 and pids_base() is None:
+            raise UserError("--max-procs: as root no process cap can be set here (root ignores RLIMIT_NPROC and no pids "
+                            "cgroup can be made); run as another user, or pass --max-procs 0 for no cap")
 
 
 @functools.cache
@@ -98,7 +126,8 @@ def _bwrap_works() -> None:
     if binary is None:
         raise UserError("--sandbox bwrap: bubblewrap is not installed (apt-get install bubblewrap), "
                         "or pass --sandbox none to run without a sandbox")
-    probe = subprocess.run([binary, *_base_args(), "--", "/bin/true"], capture_output=True, text=True)
+    probe = subprocess.run([binary, *_base_args(), "--size", str(1 << 20), "--tmpfs", str(ROOT), "--", "/bin/true"],
+                           capture_output=True, text=True)
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
         raise UserError(f"--sandbox bwrap: bubblewrap cannot make a sandbox here ({why}); allow unprivileged "
@@ -136,9 +165,7 @@ class HostRelay:
 
     def __init__(self, endpoints: list[tuple[str, int]]) -> None:
         ROOT.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix="relay-", dir=ROOT))
-        for private in ("home", "tmp"):  # the sandbox's HOME and TMPDIR
-            (self.dir / private).mkdir()
+        self.dir = Path(tempfile.mkdtemp(prefix="relay-", dir=ROOT))  # its sockets; in the sandbox also HOME, TMPDIR
         self.sockets: list[tuple[int, str]] = []  # (port the sandbox dials, socket name)
         self._listeners: list[socket.socket] = []
         for i, (host, port) in enumerate(endpoints):
@@ -188,45 +215,109 @@ def relay(limits: Limits, urls: list[str]) -> Iterator[HostRelay | None]:
         r.close()
 
 
-def argv_for(cmd: list[str] | str, limits: Limits, mounts: Mounts, host_relay: HostRelay | None) -> list[str]:
-    """The full command line: bwrap (if asked), the launcher with limits and relays, the command."""
+def _keep() -> set[Path]:
+    """What a hidden folder may hold that every sandbox runs on: this Python, harnessrl's folders
+    (an editable install maps its parts to several), the folders on PATH."""
+    import importlib.util
+
+    paths = {sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)}
+    paths |= {os.path.dirname(m.__file__) for n, m in list(sys.modules.items())
+              if n.split(".")[0] == "harnessrl" and getattr(m, "__file__", None)}
+    examples = importlib.util.find_spec("harnessrl.harness_examples")
+    paths |= set(examples.submodule_search_locations or []) if examples else set()
+    return {Path(p).resolve() for p in paths if p and os.path.isabs(p)}
+
+
+def hide_args(path: Path, keep: set[Path]) -> list[str]:
+    """bwrap arguments that hide `path` (a folder: all of it) but none of `keep`: a folder that
+    holds some of them has its other entries hidden one by one, its dot-folders (tool installs
+    such as .venv, .local, .nvm) left. Links are left as they are: bwrap would mount at their targets."""
+    if not any(k == path or path in k.parents for k in keep):
+        if path.is_symlink() or not path.exists():
+            return []
+        return ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+    if path in keep:
+        return []
+    args: list[str] = []
+    for child in sorted(path.iterdir()):
+        if not (child.name.startswith(".") and child.is_dir() and not any(k == child or child in k.parents
+                                                                            for k in keep)):
+            args += hide_args(child, keep)
+    return args
+
+
+def argv_for(cmd: list[str] | str, limits: Limits, mounts: Mounts, host_relay: HostRelay | None,
+             export: Export | None = None) -> list[str]:
+    """The full command line: bwrap (if asked), the launcher with limits and relays, the command.
+    `export`: the workspace is a copy in the sandbox's size-capped tmpfs, handed back through it."""
     inner = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     launch = [sys.executable, "-I", str(LAUNCH)]
-    if limits.memory:
-        launch += ["--data", str(limits.memory)]
-    if limits.cpu_time:
-        launch += ["--cpu", str(limits.cpu_time)]
+    for flag, value in (("--data", limits.memory), ("--cpu", limits.cpu_time), ("--fsize", limits.file_size)):
+        if value:
+            launch += [flag, str(value)]
     if limits.sandbox != "bwrap":
         return [*launch, "--", *inner]
     assert host_relay is not None
-    home, tmp = host_relay.dir / "home", host_relay.dir / "tmp"
-    args = ["bwrap", *_base_args(), "--tmpfs", str(ROOT)]
+    home, tmp, ws = host_relay.dir / "home", host_relay.dir / "tmp", mounts.workspace
+    size = ["--size", str(limits.disk)] if limits.disk else []
+    args = ["bwrap", *_base_args(), *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    keep = _keep()
     for path in mounts.hidden:
-        if path.is_dir():
-            args += ["--tmpfs", str(path)]
-        elif path.exists():
-            args += ["--ro-bind", "/dev/null", str(path)]
+        args += hide_args(path.resolve(), keep)
+    args += [*size, "--tmpfs", str(ROOT)]  # after the hiding: a hidden /tmp must not cover it
     for path in mounts.readable:
         args += ["--ro-bind", str(path), str(path)]
-    for path in (*mounts.writable, mounts.workspace, host_relay.dir):
+    for path in mounts.writable:
         if path.exists():
             args += ["--bind", str(path), str(path)]
-    args += ["--chdir", str(mounts.workspace), "--setenv", "HOME", str(home), "--setenv", "TMPDIR", str(tmp)]
-    for port, name in host_relay.sockets:
+    for port, name in host_relay.sockets:  # the sockets alone: the relay folder is the tmpfs's, like HOME
+        args += ["--bind", str(host_relay.dir / name), str(host_relay.dir / name)]
         launch += ["--relay", f"{port}={host_relay.dir / name}"]
+    args += ["--dir", str(home), "--dir", str(tmp)]
+    if export is not None:
+        seed = ws.with_name(ws.name + ".seed")
+        args += ["--ro-bind", str(ws), str(seed), "--dir", str(ws)]
+        launch += ["--seed", str(seed), "--workspace", str(ws), "--export-fd", str(export.write_fd),
+                   "--scan", str(home), "--scan", str(tmp)]
+    else:
+        args += ["--bind", str(ws), str(ws)]
+    if limits.procs and pids_base() is None:  # RLIMIT_NPROC: counted in bwrap's user namespace only
+        launch += ["--nproc", str(limits.procs)]
+    args += ["--chdir", str(ws), "--setenv", "HOME", str(home), "--setenv", "TMPDIR", str(tmp)]
     return [*args, "--", *launch, "--", *inner]
+
+
+def _unpack_argv(ws: Path) -> list[str]:
+    """A sandbox that can write the host workspace and nothing else, unpacking a tar from stdin:
+    whatever links the agent put in the tar, nothing outside the workspace is written through them."""
+    return ["bwrap", *_base_args(), "--tmpfs", str(ROOT), "--bind", str(ws), str(ws), "--",
+            sys.executable, "-I", "-c", UNPACK, str(ws)]
 
 
 def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mounts: Mounts,
                 host_relay: HostRelay | None, stdout: IO | None, on_line=None) -> Finished:
     """Run the command to its end or its timeout (then its whole process tree is killed).
-    `on_line`: called with each line of stdout instead of writing it to `stdout`."""
-    argv = argv_for(cmd, limits, mounts, host_relay)
+    `on_line`: called with each line of stdout instead of writing it to `stdout`; either way at most
+    `limits.output` bytes of it are kept (its start and its end)."""
+    copied = limits.sandbox == "bwrap" and ROOT.resolve() in mounts.workspace.resolve().parents  # a fresh copy
+    export = Export(limits.disk or 1 << 40) if copied else None
+    cgroup = PidsCgroup(pids_base(), limits.procs) if limits.procs and pids_base() is not None else None
+    argv = argv_for(cmd, limits, mounts, host_relay, export)
     own_group = limits.sandbox != "bwrap"  # a sandbox's tree dies with its first process
+    captured = on_line is not None or stdout is not None
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, cwd=mounts.workspace, process_group=0 if own_group else None,
-                            stdout=subprocess.PIPE if on_line else stdout,
-                            stderr=subprocess.STDOUT if stdout is not None else None)
+    try:
+        proc = subprocess.Popen(cgroup.wrap(argv) if cgroup else argv, env=env, cwd=mounts.workspace,
+                                process_group=0 if own_group else None, stdout=subprocess.PIPE if captured else None,
+                                stderr=subprocess.STDOUT if stdout is not None else None,
+                                pass_fds=(export.write_fd,) if export else ())
+    except BaseException:
+        if cgroup is not None:
+            cgroup.close()
+        raise
+    if export is not None:
+        export.started()
+    copier = CappedOutput(proc.stdout, limits.output, stdout, on_line) if captured else None
     fired = threading.Event()
 
     def kill() -> None:
@@ -244,10 +335,6 @@ def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mount
         timer.daemon = True
         timer.start()
     try:
-        if on_line is not None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                on_line(line)
         code = proc.wait()
     except BaseException:
         kill()  # interrupted: the rollout's processes go with it
@@ -256,11 +343,23 @@ def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mount
     finally:
         if timer is not None:
             timer.cancel()
-    if own_group:
-        try:  # the leader is gone; what it left behind in its group goes too
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if own_group:
+            try:  # the leader is gone; what it left behind in its group goes too
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        capped = cgroup is not None and cgroup.hit()
+        if cgroup is not None:
+            cgroup.close()  # and what left the group (setsid) goes with the cgroup
+        if copier is not None:
+            copier.join()
+    header = export.finish(mounts.workspace, _unpack_argv(mounts.workspace)) if export is not None else {}
+    hits = (["procs"] if capped else []) + list(header.get("capped") or [])
+    if export is not None and export.truncated:
+        hits.append("disk")
+    code = code if code >= 0 else 128 - code
+    if code == 128 + signal.SIGXFSZ:
+        hits.append("file-size")
     if fired.is_set():
         return Finished(TIMED_OUT, True, time.perf_counter() - started)
-    return Finished(code if code >= 0 else 128 - code, False, time.perf_counter() - started)
+    return Finished(code, False, time.perf_counter() - started, hits[0] if hits else None)
