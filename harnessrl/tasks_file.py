@@ -4,8 +4,10 @@
 `workspace` — the repository the harness works in — and `hidden_tests`, laid over it only for
 the reward; each is a folder (relative to the tasks file) or an inline {relative path: text}
 object. Optional `reward_cmd`: the shell line that scores it (default: pytest on the hidden
-tests; app/workspace.py). Read by `harnessrl tasks import` (compiler), `sft`
-and PACT (trainer) and user harnesses in `loop` (app): one parser, one set of rules.
+tests; app/scoring.py); optional `solution`: the workspace paths the agent may change, the only
+ones scored (default: the workspace's top-level packages; app/clean_room.py). Read by
+`harnessrl tasks import` (compiler), `sft` and PACT (trainer) and user harnesses in `loop` (app):
+one parser, one set of rules.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TaskRow:
     workspace: Path | dict[str, str] | None = None  # a coding task's repository: a folder or inline files
     hidden_tests: Path | dict[str, str] | None = None  # laid over the workspace for the reward only
     reward_cmd: str | None = None
+    solution: list[str] | None = None  # the solution surface: workspace paths the reward takes from the agent
 
 
 def _check_calls(calls: Any, where: str) -> list[Any]:
@@ -56,6 +59,10 @@ def parse_line(line: str, where: str, base: Path | None = None) -> TaskRow:
     reward_cmd = obj.get("reward_cmd")
     if reward_cmd is not None and not (isinstance(reward_cmd, str) and reward_cmd.strip()):
         raise UserError(f"{where}: reward_cmd must be a shell command line")
+    solution = obj.get("solution")
+    if solution is not None and not (isinstance(solution, list) and solution and
+                                     all(isinstance(p, str) and p for p in solution)):
+        raise UserError(f"{where}: solution must be a list of workspace paths, e.g. [\"mypkg\"]")
     return TaskRow(
         id=str(obj["id"]),
         input=obj["input"],
@@ -65,6 +72,7 @@ def parse_line(line: str, where: str, base: Path | None = None) -> TaskRow:
         workspace=_tree(obj.get("workspace"), f"{where}: workspace", base),
         hidden_tests=_tree(obj.get("hidden_tests"), f"{where}: hidden_tests", base),
         reward_cmd=reward_cmd,
+        solution=solution,
     )
 
 

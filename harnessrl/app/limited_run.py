@@ -1,15 +1,21 @@
 """One rollout's command under limits: in its workspace, sandboxed or not, scored by hidden tests.
 
-The rules a user training coding agents relies on (docs/coding.md, "Sandbox and rewards"):
+The rules a user training coding agents relies on (docs/coding.md, "Sandbox and rewards" and
+"What the reward trusts"):
 - the command runs with its working directory the rollout's workspace (a fresh copy of the
   task's, or `RunOptions.workspace`), under `Limits` (sandbox.py), to its end or its timeout;
 - a command that exits non-zero or times out is a failed rollout: no outcome is recorded (its
   tests are not run: an agent that crashed after a lucky edit is not a success), and the rollout
   is finished as failed with the reason, which compile leaves out;
-- a command that ran to its end gets the hidden tests' reward (workspace.py), with the test output
-  as the reward's metadata; calls the proxy refused do not change that reward (they are counted in
-  the rollout's `errors`, and compile leaves such rollouts out unless `--on-call-error keep`),
-  but the result's `error` names them so the loop counts the rollout as failed.
+- a command that ran to its end is scored after its sandbox is gone (scoring.py): the agent's
+  solution surface in a clean copy of the task's workspace, the hidden tests in a fresh sandbox,
+  the reward from a signed per-test report (or the task's own reward command), with the test
+  output as the reward's metadata. Whatever the policy's code does to the test run scores at
+  most 0 for those tests: never a failed rollout. Calls the proxy refused do not change that
+  reward (they are counted in the rollout's `errors`, and compile leaves such rollouts out unless
+  `--on-call-error keep`), but the result's `error` names them so the loop counts it as failed.
+- a task is checked when it is loaded (`coding_tasks`): its solution surface, and its hidden
+  tests collected and passing on its reference (their node ids are what the reward counts).
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from harnessrl.app.clean_room import solution_surface
 from harnessrl.app.run_cmd import RunOptions, RunResult, outcome_of, reward_file_of
 from harnessrl.app.sandbox import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
-from harnessrl.app.workspace import REWARD_MODES, CodingTask, check_tree, default_reward_cmd, fresh_workspace, \
-    run_hidden_tests
+from harnessrl.app.scoring import known_for_all, reference_tree, score_in_place, score_rollout
+from harnessrl.app.workspace import REWARD_MODES, CodingTask, check_tree, fresh_workspace
 from harnessrl.client import Rollout
 from harnessrl.errors import UserError
 from harnessrl.tasks_file import TaskRow, read_tasks
@@ -43,13 +50,31 @@ class RolloutFlags:
 
 
 def coding_task(row: TaskRow, tasks_file: Path) -> CodingTask | None:
-    """The row's workspace and hidden tests (None for a task without either), their folders checked now."""
+    """The row's workspace, hidden tests and solution surface (None for a task without a workspace
+    or hidden tests), its folders checked now; its known tests are `coding_tasks`'s."""
     if row.workspace is None and row.hidden_tests is None:
         return None
-    check_tree(row.workspace, f"task {row.id}: workspace")
-    check_tree(row.hidden_tests, f"task {row.id}: hidden_tests")
+    where = f"task {row.id}"
+    check_tree(row.workspace, f"{where}: workspace")
+    check_tree(row.hidden_tests, f"{where}: hidden_tests")
+    if row.hidden_tests is not None and row.workspace is None:
+        raise UserError(f"{where}: hidden_tests need a workspace (the pristine copy the tests are scored in)")
     folders = tuple(t for t in (row.workspace, row.hidden_tests) if isinstance(t, Path))
-    return CodingTask(row.workspace, row.hidden_tests, row.reward_cmd, (tasks_file.resolve(), *folders))
+    surface = solution_surface(row.solution, row.workspace, where) if row.workspace is not None else ()
+    return CodingTask(row.workspace, row.hidden_tests, row.reward_cmd, (tasks_file.resolve(), *folders), surface)
+
+
+def coding_tasks(rows: list[TaskRow], tasks_file: Path, flags: RolloutFlags) -> dict[str, CodingTask | None]:
+    """`coding_task` of each row, with the known tests of those the default runner scores (collected
+    a few at a time, cached): a task whose hidden tests do not collect or do not pass on its
+    reference is a one-line error here, before any rollout."""
+    tasks = {row.id: coding_task(row, tasks_file) for row in rows}
+    todo = [row for row in rows if (t := tasks[row.id]) is not None and t.hidden_tests is not None
+            and t.reward_cmd is None and flags.reward_cmd is None]
+    jobs = [(tasks[row.id], reference_tree(row.reference, f"task {row.id}"), f"task {row.id}") for row in todo]
+    for row, known in zip(todo, known_for_all(jobs)):
+        tasks[row.id] = replace(tasks[row.id], known_tests=known)
+    return tasks
 
 
 def limits_for(flags: RolloutFlags, tasks: list[CodingTask | None], reward_from: str | None) -> Limits:
@@ -77,7 +102,7 @@ def limit_run(opts: RunOptions, tasks: Path | None, flags: RolloutFlags) -> RunO
         row = next((r for r in read_tasks(tasks) if r.id == opts.task), None)
         if row is None:
             raise UserError(f"--task {opts.task!r}: no such task in {tasks}")
-        task = coding_task(row, tasks)
+        task = coding_tasks([row], tasks, flags)[row.id]
     limits = limits_for(flags, [task], opts.reward_from)
     return replace(opts, limits=limits, coding=task, workspace=Path.cwd(), reward_cmd=flags.reward_cmd,
                    reward_mode=flags.reward_mode)
@@ -120,7 +145,8 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
                         urls: list[str], codex_home: Path) -> RunResult:
     limits, task = opts.limits, opts.coding
     assert limits is not None
-    ws = fresh_workspace(task) if task is not None and task.workspace is not None else (opts.workspace or Path.cwd())
+    fresh = task is not None and task.workspace is not None
+    ws = fresh_workspace(task) if fresh else (opts.workspace or Path.cwd())
     try:
         env = {**env, "HARNESSRL_WORKSPACE": str(ws)}
         reward_file = reward_file_of(opts, env)
@@ -130,33 +156,37 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
             if host_relay is not None:
                 env = _sandbox_env(env, urls)
             done, last = _run(cmd, env, opts, mounts, host_relay, stdout)
-            metrics = {"exit_code": float(done.code), "harness_seconds": round(done.seconds, 3),
-                       "timed_out": float(done.timed_out)}
-            if done.timed_out:
-                return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s", metrics=metrics)
-            failed = f"exit code {done.code}" if done.code != 0 else None
-            if not (task is not None and task.hidden_tests is not None or opts.reward_cmd is not None):
-                # scored by the command itself: `--reward-from exit-code` makes a crash its 0
-                outcome, warning = outcome_of(opts.reward_from, done.code, last, reward_file)
-                if outcome is not None:
-                    ro.reward(outcome)
-                return RunResult(ro.id, done.code, outcome, [warning] if warning else [], failed, metrics)
-            if failed:
-                return RunResult(ro.id, done.code, None, error=failed, metrics=metrics)
-            cmd = opts.reward_cmd or (task.reward_cmd if task is not None else None) or default_reward_cmd()
-            tests = run_hidden_tests(task.hidden_tests if task is not None else None, ws, cmd, opts.reward_mode, env,
-                                     limits, mounts, host_relay)
+        metrics = {"exit_code": float(done.code), "harness_seconds": round(done.seconds, 3),
+                   "timed_out": float(done.timed_out)}
+        if done.timed_out:
+            return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s", metrics=metrics)
+        failed = f"exit code {done.code}" if done.code != 0 else None
+        if not (task is not None and task.hidden_tests is not None or opts.reward_cmd is not None):
+            # scored by the command itself: `--reward-from exit-code` makes a crash its 0
+            outcome, warning = outcome_of(opts.reward_from, done.code, last, reward_file)
+            if outcome is not None:
+                ro.reward(outcome)
+            return RunResult(ro.id, done.code, outcome, [warning] if warning else [], failed, metrics)
+        if failed:
+            return RunResult(ro.id, done.code, None, error=failed, metrics=metrics)
+        # the harness's sandbox (and with it every process it left) is gone: the tests run in a new one
+        reward_cmd = opts.reward_cmd or (task.reward_cmd if task is not None else None)
+        if fresh:
+            assert task is not None
+            tests = score_rollout(task, ws, reward_cmd, opts.reward_mode, limits, mounts.hidden)
+        else:  # no pristine workspace to start from: the user's own folder, scored by the user's command
+            assert reward_cmd is not None
+            tests = score_in_place(ws, reward_cmd, opts.reward_mode, limits, mounts.hidden)
     finally:
-        if task is not None and task.workspace is not None:
+        if fresh:
             shutil.rmtree(ws, ignore_errors=True)
     meta = tests.metadata
     metrics.update(reward_seconds=float(meta["seconds"]), tests_passed=float(meta.get("passed", 0)),
-                   tests_total=float(meta.get("passed", 0) + meta.get("failed", 0) + meta.get("errors", 0)))
-    if tests.reward is None:
-        return RunResult(ro.id, done.code, None, error=tests.error, metrics=metrics)
+                   tests_total=float(meta.get("known") or meta.get("passed", 0) + meta.get("failed", 0)
+                                     + meta.get("errors", 0)))
     ro.reward(tests.reward, "tests", metadata=meta)
     all_pass = meta.get("failed", 0) + meta.get("errors", 0) == 0 and meta["exit_code"] == 0 and not meta["timed_out"]
-    metrics["success"] = 1.0 if all_pass else 0.0
+    metrics["success"] = 1.0 if all_pass and tests.reward > 0 else 0.0
     refused = int(ro.get().get("errors") or 0)
     error = f"{refused} call{'s' if refused != 1 else ''} refused by the proxy" if refused else None
     return RunResult(ro.id, done.code, tests.reward, metrics=metrics, error=error)

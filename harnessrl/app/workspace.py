@@ -1,41 +1,32 @@
-"""A coding task's rollout: a fresh workspace, and the reward from its hidden tests.
+"""A coding task's data and its pristine workspace; the reward of a user's own reward command.
 
 A task's `workspace` and `hidden_tests` (tasks_file.py) are trees: a folder, or an inline
 {relative path: text} object. Each rollout gets a fresh copy of the workspace under
 `sandbox.ROOT` (created where the rollout runs: a Ray node needs no shared folder with inline
-trees). After the harness has exited, the hidden tests are laid over the workspace (a
-`hidden_tests/` the agent made is removed first, so nothing it planted survives) and the reward
-command runs in the same sandbox with the same limits. Its reward is the pass fraction of the
-pytest summary line, or all-pass (1 only if the command exits 0 and no test failed); a command
-whose output has no pytest summary is scored by its exit code in both modes. The output's tail
-goes with the reward as its metadata, which the viewer shows.
+trees). After the harness has exited, scoring.py scores it in a clean room. With the default
+runner the reward comes from a signed per-test report (scoring.py); a task's own `reward_cmd` (or
+`--reward-cmd`) is scored here from its output: the pass fraction of its pytest summary line, or
+all-pass (1 only if the command exits 0 and no test failed), or by its exit code when it prints
+no pytest summary. The output's tail goes with the reward as its metadata, which the viewer shows.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.app.sandbox import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.sandbox import ROOT, Finished
 from harnessrl.errors import UserError
 
 REWARD_MODES = ("pass-fraction", "all-pass")
-HIDDEN_DIR = "hidden_tests"
 OUTPUT_KEPT = 8000  # characters of the test output kept with the reward (the end: pytest's summary is there)
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)\b")
 _SUMMARY = re.compile(r"^=*\s*(?:no tests ran|(?:\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|warnings?|"
                       r"deselected|rerun)(?:, )?)+)\b.* in [\d.]+s", re.MULTILINE)
-
-
-def default_reward_cmd() -> str:
-    """pytest on the hidden tests, with the Python running harnessrl (where pytest is installed)."""
-    return f"{shlex.quote(sys.executable)} -m pytest -q -p no:cacheprovider {HIDDEN_DIR}"
 
 
 @dataclass(frozen=True)
@@ -45,13 +36,14 @@ class CodingTask:
     hidden_tests: Any | None  # the same, laid over the workspace after the harness
     reward_cmd: str | None  # the task's own reward command
     source_paths: tuple[Path, ...] = ()  # host paths of the task data, hidden from the sandbox
+    solution: tuple[str, ...] = ()  # the solution surface: workspace paths the agent's version of is scored
+    known_tests: tuple[str, ...] | None = None  # the hidden tests' node ids (scoring.known_tests)
 
 
 @dataclass
 class TestOutcome:
-    reward: float | None  # None: the tests could not be scored (no tests collected)
+    reward: float
     metadata: dict[str, Any]
-    error: str | None = None
 
 
 def check_tree(tree: Any, where: str) -> None:
@@ -103,27 +95,8 @@ def score(output: str, done: Finished, mode: str) -> TestOutcome:
         return TestOutcome(1.0 if done.code == 0 else 0.0, meta)
     meta.update(counts)
     total = counts["passed"] + counts["failed"] + counts["errors"]
-    if total == 0:
-        return TestOutcome(None, meta, "the reward command collected no tests (is the task's hidden_tests right?)")
+    if total == 0:  # the policy's code can stop collection: its 0, not a failed rollout
+        return TestOutcome(0.0, meta)
     if mode == "all-pass":
         return TestOutcome(1.0 if done.code == 0 and counts["passed"] == total else 0.0, meta)
     return TestOutcome(counts["passed"] / total, meta)
-
-
-def run_hidden_tests(hidden_tests: Any | None, ws: Path, cmd: str, mode: str, env: dict[str, str],
-                     limits: Limits, mounts: Mounts, host_relay: HostRelay | None) -> TestOutcome:
-    """Lay the hidden tests (if any) over the workspace and run the reward command in it."""
-    if hidden_tests is not None:
-        shutil.rmtree(ws / HIDDEN_DIR, ignore_errors=True)
-        lay(hidden_tests, ws)
-    log = ws.parent / f"{ws.name}.reward.log"
-    try:
-        with open(log, "w+") as out:
-            done = run_limited(cmd, env, limits, mounts, host_relay, out)
-            out.seek(0)
-            output = out.read()
-    finally:
-        log.unlink(missing_ok=True)
-    outcome = score(output, done, mode)
-    outcome.metadata["command"] = cmd
-    return outcome

@@ -1,0 +1,286 @@
+"""A coding rollout's reward from its hidden tests, in a clean room, from a result the code under
+test cannot write (docs/coding.md, "What the reward trusts").
+
+- **Known tests.** When a task is loaded its hidden tests run once on the pristine workspace with
+  the reference laid over it (`known_tests`): the node ids they collect, every one of which must
+  pass, are the task's known tests (a task whose tests do not collect or do not pass on its
+  reference is a one-line error then). A task without an inline reference is only collected.
+  Cached in memory and in $XDG_CACHE_HOME/harnessrl/known-tests by the content of the task.
+- **Clean room.** After the harness, a fresh copy of the pristine workspace gets the agent's
+  solution surface (clean_room.py) and the hidden tests, and the tests run in a fresh sandbox
+  under the rollout's limits: no route to the proxy, a fresh HOME and TMPDIR, an environment of
+  PATH and LANG only (no key, no PYTHONPATH), the task files hidden as for the harness.
+- **Signed result.** The runner (scoring_runner.py, `python -I -B`, explicit `-c`/`--rootdir`/
+  `--confcutdir`, `-p no:cacheprovider`, no plugin autoload) reads a one-time key from a file it
+  unlinks before pytest starts and writes per-test outcomes signed with it. The reward counts the
+  known tests that passed every phase; a missing or badly signed report, an exit that is not
+  pytest's own 0/1 or differs from the report's, or a test the task does not have scores 0 —
+  the policy's zero, never a failed rollout. Skipped, deselected or uncollected tests are failed.
+
+A task's own `reward_cmd` (or `--reward-cmd`) runs in the same clean room and fresh sandbox, but
+its reward is read from its output as before (workspace.score): that command is the user's to trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import shutil
+import stat
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from harnessrl.app.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
+from harnessrl.app.sandbox import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.workspace import OUTPUT_KEPT, CodingTask, TestOutcome, lay, score
+from harnessrl.errors import UserError
+
+RUNNER = Path(__file__).with_name("scoring_runner.py")
+REPORT_LIMIT = 16 << 20  # bytes of a report read back
+LOAD_LIMITS = Limits(sandbox="none", timeout=300.0)  # the known-tests run: the task's own code, unsandboxed
+_known: dict[str, tuple[str, ...]] = {}
+
+
+@dataclass
+class TestRun:
+    done: Finished
+    output: str  # the tail
+    report: dict | None  # the verified payload
+    status: str  # signed | missing | forged | unreadable
+
+
+def _read_tail(f: IO[bytes], n: int) -> str:
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - n))
+    return f.read().decode(errors="replace")
+
+
+def _env(home: Path, tmp: Path) -> dict[str, str]:
+    """The test run's whole environment: nothing of the rollout's (its key, its base URL) or the host's."""
+    return {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "HOME": str(home), "TMPDIR": str(tmp),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def _run(cmd: list[str] | str, clean: Path, io: Path, env: dict[str, str], limits: Limits,
+         hidden: tuple[Path, ...]) -> tuple[Finished, str]:
+    """`cmd` in a fresh sandbox over the clean room (a relay with no endpoint: no way out)."""
+    mounts = Mounts(workspace=clean, writable=(io,), hidden=hidden)
+    host_relay = HostRelay([]) if limits.sandbox == "bwrap" else None
+    try:
+        with tempfile.TemporaryFile(dir=ROOT) as out:  # host-side only: ROOT is a fresh tmpfs in a sandbox
+            done = run_limited(cmd, env, limits, mounts, host_relay, out)
+            out.flush()
+            return done, _read_tail(out, 64 * 1024)
+    finally:
+        if host_relay is not None:
+            host_relay.close()
+
+
+def _read_report(path: Path, key: bytes) -> tuple[dict | None, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, "missing"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "unreadable"
+        raw = f.read(REPORT_LIMIT + 1)
+    try:
+        doc = json.loads(raw)
+        payload, mac = doc["payload"], doc["mac"]
+        good = hmac.compare_digest(hmac.new(key, payload.encode(), hashlib.sha256).hexdigest(), mac)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, "unreadable"
+    if not good:
+        return None, "forged"
+    try:
+        report = json.loads(payload)
+        if isinstance(report, dict) and isinstance(report.get("exitstatus"), int) and \
+                isinstance(report.get("outcomes"), dict) and isinstance(report.get("collected"), list):
+            return report, "signed"
+    except ValueError:
+        pass
+    return None, "unreadable"
+
+
+def run_tests(clean: Path, limits: Limits, hidden: tuple[Path, ...], collect_only: bool = False) -> TestRun:
+    """The hidden tests of the clean room, by the runner, in a fresh sandbox."""
+    io = fresh_dir("score-", ROOT)
+    try:
+        for private in ("home", "tmp"):
+            (io / private).mkdir()
+        key, report = secrets.token_bytes(32), secrets.token_hex(16)
+        ini = io / "pytest.ini"
+        ini.write_text("[pytest]\n")
+        fd = os.open(io / "nonce", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": key.hex(), "report": report}, f)
+        argv = [sys.executable, "-I", "-B", str(RUNNER), str(io), str(clean), "--", "-q", "-p", "no:cacheprovider",
+                "-c", str(ini), "--rootdir", str(clean), "--confcutdir", str(clean),
+                *(["--collect-only"] if collect_only else []), HIDDEN_DIR]
+        done, output = _run(argv, clean, io, _env(io / "home", io / "tmp"), limits, hidden)
+        found, status = _read_report(io / report, key)
+        return TestRun(done, output, found, status)
+    finally:
+        shutil.rmtree(io, ignore_errors=True)
+
+
+def _passed(phases: Any) -> bool:
+    return isinstance(phases, dict) and all(phases.get(p) == "passed" for p in ("setup", "call", "teardown"))
+
+
+def verdict(known: tuple[str, ...], run: TestRun, mode: str) -> TestOutcome:
+    """The reward of a run against the task's known tests; metadata for the viewer."""
+    done, report = run.done, run.report
+    meta: dict[str, Any] = {"mode": mode, "exit_code": done.code, "timed_out": done.timed_out,
+                            "seconds": round(done.seconds, 3), "known": len(known), "report": run.status,
+                            "output": run.output[-OUTPUT_KEPT:]}
+    outcomes = report["outcomes"] if report is not None else {}
+    passed = sum(_passed(outcomes.get(t)) for t in known)
+    errors = sum(isinstance(outcomes.get(t), dict) and "failed" in (outcomes[t].get("setup"), outcomes[t].get(
+        "teardown")) for t in known)
+    meta.update(passed=passed, errors=errors, failed=len(known) - passed - errors)
+    why = None
+    if done.timed_out:
+        why = "the tests timed out"
+    elif report is None:
+        why = f"no signed report from the test run ({run.status})"
+    elif done.code not in (0, 1) or report["exitstatus"] != done.code:
+        why = f"the test run did not end as pytest does (exit code {done.code}, pytest's {report['exitstatus']})"
+    elif extra := sorted((set(report["collected"]) | set(outcomes)) - set(known)):
+        why = f"tests the task does not have ran: {', '.join(extra[:3])}"
+    if why is not None:
+        meta.update(passed=0, failed=len(known) - errors, zero=why)
+        return TestOutcome(0.0, meta)
+    if mode == "all-pass":
+        return TestOutcome(1.0 if passed == len(known) and done.code == 0 else 0.0, meta)
+    return TestOutcome(passed / len(known), meta)
+
+
+def clean_room(task: CodingTask, agent_ws: Path | None, overlay: Any = None) -> tuple[Path, list[str]]:
+    """A fresh copy of the pristine workspace with the agent's surface (or `overlay`, the reference)
+    and the hidden tests; what was left out of the agent's surface."""
+    clean = fresh_dir("clean-", ROOT)
+    lay(task.workspace, clean)
+    left_out = take_surface(agent_ws, task.solution, task.workspace, clean) if agent_ws is not None else []
+    if overlay is not None:
+        lay(overlay, clean)
+    shutil.rmtree(clean / HIDDEN_DIR, ignore_errors=True)
+    if task.hidden_tests is not None:
+        lay(task.hidden_tests, clean)
+    return clean, left_out
+
+
+def score_rollout(task: CodingTask, agent_ws: Path, reward_cmd: str | None, mode: str, limits: Limits,
+                  hidden: tuple[Path, ...]) -> TestOutcome:
+    """The reward of the agent's workspace: the known tests by the runner, or `reward_cmd`'s output."""
+    try:
+        clean, left_out = clean_room(task, agent_ws)
+    except SurfaceError as exc:  # the policy made a surface too big to take: its failure
+        return TestOutcome(0.0, {"mode": mode, "zero": str(exc), "passed": 0, "errors": 0, "failed": len(
+            task.known_tests or ()), "known": len(task.known_tests or ()), "exit_code": -1, "timed_out": False,
+            "seconds": 0.0, "output": ""})
+    try:
+        if reward_cmd is not None:
+            outcome = score_in_place(clean, reward_cmd, mode, limits, hidden)
+        else:
+            assert task.known_tests, "the task's known tests are collected when it is loaded"
+            outcome = verdict(task.known_tests, run_tests(clean, limits, hidden), mode)
+    finally:
+        shutil.rmtree(clean, ignore_errors=True)
+    if left_out:
+        outcome.metadata["left_out"] = left_out[:20]
+    return outcome
+
+
+def score_in_place(ws: Path, reward_cmd: str, mode: str, limits: Limits, hidden: tuple[Path, ...]) -> TestOutcome:
+    """A user's reward command over `ws` in a fresh sandbox, scored from its output."""
+    io = fresh_dir("score-", ROOT)
+    try:
+        for private in ("home", "tmp"):
+            (io / private).mkdir()
+        done, output = _run(reward_cmd, ws, io, host_env(io / "home", io / "tmp"), limits, hidden)
+    finally:
+        shutil.rmtree(io, ignore_errors=True)
+    outcome = score(output, done, mode)
+    outcome.metadata["command"] = reward_cmd
+    return outcome
+
+
+def host_env(home: Path, tmp: Path) -> dict[str, str]:
+    """A user's reward command keeps the host's environment, less what leads to the proxy or into Python."""
+    drop = ("HARNESSRL_", "OPENAI_", "ANTHROPIC_", "PYTHON", "PYTEST_ADDOPTS", "CODEX_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) and "PROXY" not in k.upper()}
+    return {**env, "HOME": str(home), "TMPDIR": str(tmp)}
+
+
+def _tree_bytes(tree: Any) -> bytes:
+    if isinstance(tree, Path):
+        h = hashlib.sha256()
+        for path in sorted(p for p in tree.rglob("*") if p.is_file()):
+            h.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes() + b"\0")
+        return h.digest()
+    return json.dumps(tree, sort_keys=True).encode()
+
+
+def reference_tree(reference: Any, where: str) -> dict[str, str] | None:
+    """A reference given as inline files ({relative path: text}), checked; None for any other reference."""
+    if not (isinstance(reference, dict) and reference and all(isinstance(v, str) for v in reference.values())):
+        return None
+    for name in reference:
+        parts = PurePosixPath(name).parts
+        if not parts or parts[0] == "/" or ".." in parts:
+            raise UserError(f"{where}: reference file {name!r} is not a relative path inside the workspace")
+    return reference
+
+
+def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) -> tuple[str, ...]:
+    """The node ids of the task's hidden tests, all passing on its reference (collected only without one)."""
+    key = hashlib.sha256(b"\0".join([_tree_bytes(task.workspace), _tree_bytes(task.hidden_tests),
+                                     _tree_bytes(reference), RUNNER.read_bytes(), sys.version.encode(),
+                                     version("pytest").encode()])).hexdigest()
+    if key in _known:
+        return _known[key]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harnessrl" / "known-tests" / f"{key}.json"
+    try:
+        ids = tuple(json.loads(cache.read_text())["tests"])
+        if ids and all(isinstance(i, str) for i in ids):
+            _known[key] = ids
+            return ids
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    clean, _ = clean_room(task, None, reference)
+    try:
+        run = run_tests(clean, LOAD_LIMITS, (), collect_only=reference is None)
+    finally:
+        shutil.rmtree(clean, ignore_errors=True)
+    last = (run.output.strip().splitlines() or [""])[-1][:200]
+    if run.report is None or run.done.code != 0 or not run.report["collected"]:
+        raise UserError(f"{where}: its hidden tests do not run on the {'reference' if reference else 'workspace'} "
+                        f"(pytest exit code {run.done.code}: {last or run.status})")
+    ids = tuple(run.report["collected"])
+    failing = [t for t in ids if not _passed(run.report["outcomes"].get(t))] if reference is not None else []
+    if failing:
+        raise UserError(f"{where}: {len(failing)} of its {len(ids)} hidden tests do not pass on its reference "
+                        f"(first: {failing[0]})")
+    _known[key] = ids
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"tests": list(ids)}))
+    except OSError:
+        pass  # a read-only cache only costs the next load a run
+    return ids
+
+
+def known_for_all(jobs: list[tuple[CodingTask, dict[str, str] | None, str]]) -> list[tuple[str, ...]]:
+    """`known_tests` of many tasks, a few at a time."""
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda job: known_tests(*job), jobs))
