@@ -126,7 +126,7 @@ def _bwrap_works() -> None:
     if binary is None:
         raise UserError("--sandbox bwrap: bubblewrap is not installed (apt-get install bubblewrap), "
                         "or pass --sandbox none to run without a sandbox")
-    probe = subprocess.run([binary, *_base_args(), "--size", str(1 << 20), "--tmpfs", str(ROOT), "--", "/bin/true"],
+    probe = subprocess.run([binary, *_base_args(), "--size", str(1 << 20), "--tmpfs", "/dev/shm", "--", "/bin/true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]

@@ -200,8 +200,9 @@ class Export:
 
 UNPACK = ("import sys, tarfile\n"
           "t = tarfile.open(fileobj=sys.stdin.buffer, mode='r|')\n"
+          "kw = {'filter': 'tar'} if hasattr(tarfile, 'tar_filter') else {}  # Pythons before 3.11.4: none\n"
           "for m in t:\n"
           "    try:\n"
-          "        t.extract(m, sys.argv[1], set_attrs=not m.isdir(), filter='tar')\n"
+          "        t.extract(m, sys.argv[1], set_attrs=not m.isdir(), **kw)\n"
           "    except (OSError, tarfile.TarError):\n"
           "        pass  # what cannot be unpacked in the workspace is left out\n")

@@ -1,0 +1,187 @@
+"""Red team, issue 42 §4–5: an agent that fills the disk, forks without bound, writes one huge file,
+floods its output or hunts for the hidden tests and references (the tasks file's siblings, the
+loop's output folder, the records DB, the generator replayed) gets nothing from it: each scores
+no more than doing nothing, none is a failed rollout, and the host is unaffected.
+
+The caps are small (8 MiB of disk, 48 processes) so every attack ends in a second or two; the
+fork bomb is finite besides (2**9 processes at most, each alive a second), so it stays harmless
+even where no process cap could be set — and then its test is skipped, not run uncapped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from harnessrl.app.sandbox import ROOT, Limits, Mounts, relay, run_limited
+from harnessrl.app.sandbox_caps import OUTPUT_TAIL, pids_base
+
+pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="bubblewrap is not installed")
+DISK, PROCS = 8 << 20, 48
+CAPS = Limits(sandbox="bwrap", timeout=60, procs=PROCS, file_size=4 << 20, disk=DISK, output=256 << 10)
+FILL = """
+import os
+for where in (".", os.environ["HOME"], os.environ["TMPDIR"], "/dev/shm"):
+    try:
+        with open(os.path.join(where, "fill"), "wb") as f:
+            for i in range(48):  # 1 MiB files until the tmpfs is full; uncapped, 48 MiB a folder at most
+                g = open(os.path.join(where, f"fill{i}"), "wb"); g.write(b"x" * (1 << 20)); g.close()
+    except OSError as exc:
+        print(where, type(exc).__name__, exc.errno)
+raise SystemExit(1)  # the harness crashes on a full disk
+"""
+BOMB = """
+import os, time
+for _ in range(9):
+    os.fork()  # uncaught: a process whose fork fails crashes, the leader among them
+time.sleep(1)
+"""
+
+
+@pytest.fixture
+def ws() -> Path:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="ws-bounds-", dir=ROOT))
+    (path / "given.txt").write_text("the task's file")
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(code: str, ws: Path, limits: Limits = CAPS, out: Path | None = None, hidden: tuple[Path, ...] = ()):
+    log = out or ws.with_name(ws.name + ".log")
+    with relay(limits, []) as host, open(log, "w") as f:
+        done = run_limited([sys.executable, "-c", textwrap.dedent(code)], dict(os.environ), limits,
+                           Mounts(ws, hidden=hidden), host, f)
+    return done, log.read_text(errors="replace")
+
+
+def _size(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+def test_a_full_disk_is_a_capped_run_and_the_host_keeps_at_most_the_cap(ws):
+    done, out = _run(FILL, ws)
+    assert done.code == 1 and not done.timed_out and done.capped == "disk", out
+    assert out.count("OSError 28") == 4, out  # ENOSPC in the workspace, HOME, TMPDIR and /dev/shm alike
+    assert (ws / "given.txt").read_text() == "the task's file"  # the workspace came back...
+    assert 0 < _size(ws) <= DISK  # ...with what fitted in the cap: all the host wrote of it
+
+
+def test_a_file_past_the_size_cap_fails_its_write_and_is_a_capped_run(ws):
+    code = """
+        import os
+        try:
+            open("big", "wb").write(b"x" * (5 << 20))
+        except OSError as exc:
+            print("write", exc.errno)  # EFBIG: the writer lives on
+        raise SystemExit(2)
+    """
+    done, out = _run(code, ws)
+    assert "write 27" in out and (done.code, done.capped) == (2, "file-size")
+    assert (ws / "big").stat().st_size == 4 << 20
+
+
+def test_the_output_the_host_keeps_is_bounded_with_its_end(ws, tmp_path):
+    code = """
+        import sys
+        for i in range(200_000):
+            print(f"line {i:06d} " + "y" * 40)
+        print('{"reward": 1.0}')
+    """
+    done, out = _run(code, ws, out=tmp_path / "log")
+    assert done.code == 0 and done.capped is None
+    assert len(out.encode()) <= CAPS.output + 200  # the cap and the line that says what was left out
+    assert out.startswith("line 000000 ") and out.rstrip().endswith('{"reward": 1.0}')
+    assert "bytes of output left out (--max-output)" in out and OUTPUT_TAIL < CAPS.output
+
+
+def _host_processes() -> int:
+    return sum(1 for p in os.listdir("/proc") if p.isdigit())
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and pids_base() is None, reason="no process cap can be set here: not run uncapped")
+def test_a_fork_bomb_stops_at_the_process_cap_and_leaves_nothing_on_the_host(ws):
+    before, peak, stop = _host_processes(), [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _host_processes())
+            stop.wait(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        done, out = _run(BOMB, ws)
+    finally:
+        stop.set()
+        watcher.join()
+    assert not done.timed_out and done.capped == "procs", out
+    assert "Resource temporarily unavailable" in out  # fork failed (EAGAIN) at the cap
+    assert peak[0] - before < PROCS + 100  # uncapped it would be 512 more (slack: other processes on the host)
+    assert _host_processes() - before < 50  # and none of it is left behind
+
+
+def test_hidden_folders_hold_nothing_the_sandbox_can_read_but_the_python_it_runs_on(ws, tmp_path):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("coding.jsonl", "train.jsonl", "eval.jsonl"):
+        (tasks / name).write_text('{"reference": "secret"}\n')
+    out_dir = tmp_path / "out"
+    (out_dir / "r0" / "samples").mkdir(parents=True)
+    (out_dir / "loop_state.json").write_text("{}")
+    db = tmp_path / "elsewhere" / "runs.db"
+    db.parent.mkdir()
+    db.write_text("rewards")
+    (db.parent / "notes.txt").write_text("not the DB: left readable")
+    code = f"""
+        import os
+        for path in {[str(tasks), str(out_dir), str(db), str(tmp_path / "elsewhere" / "notes.txt")]!r}:
+            try:
+                print(path, sorted(os.listdir(path)) if os.path.isdir(path) else repr(open(path).read()))
+            except OSError as exc:
+                print(path, type(exc).__name__)
+    """
+    from harnessrl.app.sandbox import db_files
+
+    done, out = _run(code, ws, hidden=(tasks, out_dir, *db_files(str(db))))
+    lines = dict(line.split(" ", 1) for line in out.splitlines())
+    assert done.code == 0, out
+    assert lines[str(tasks)] == lines[str(out_dir)] == "[]"
+    assert lines[str(db)] in ("''", "PermissionError")  # /dev/null bound over it
+    assert lines[str(tmp_path / "elsewhere" / "notes.txt")] == "'not the DB: left readable'"
+
+
+def test_a_hidden_folder_that_holds_what_the_sandbox_runs_hides_everything_else_in_it(ws, tmp_path, monkeypatch):
+    """Tasks kept beside the project (`--tasks coding.jsonl` in the repository): the folder is
+    hidden entry by entry; the folders on PATH (here proj/bin), the Python, harnessrl and
+    dot-folders (.venv) are left."""
+    proj = tmp_path / "proj"
+    for folder in ("bin", ".venv", "runs"):
+        (proj / folder).mkdir(parents=True)
+    (proj / "bin" / "tool").write_text("#!/bin/sh\necho tool ran\n")
+    (proj / "bin" / "tool").chmod(0o755)
+    (proj / "eval.jsonl").write_text("secret")
+    (proj / "runs" / "runs.db").write_text("secret")
+    monkeypatch.setenv("PATH", f"{proj / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    code = f"""
+        import os, subprocess, harnessrl.harness_examples.coding.tasks
+        print("entries", sorted(os.listdir({str(proj)!r})))
+        print("runs", os.listdir({str(proj / "runs")!r}))
+        try:
+            print("eval", repr(open({str(proj / "eval.jsonl")!r}).read()))
+        except OSError as exc:
+            print("eval", type(exc).__name__)  # /dev/null, bound on a nodev mount
+        print(subprocess.run(["tool"], capture_output=True, text=True).stdout.strip())
+    """
+    done, out = _run(code, ws, hidden=(proj,))
+    assert done.code == 0, out
+    assert "runs []" in out and "eval PermissionError" in out and "tool ran" in out
+    assert "entries ['.venv', 'bin', 'eval.jsonl', 'runs']" in out  # the names stay
+    assert (proj / "eval.jsonl").read_text() == "secret"  # on the host: untouched
