@@ -160,5 +160,7 @@ def test_pact_schedules_anneal_over_the_whole_training(pact_samples, tiny_model_
     from harnessrl.app.loop import _train_config
     from harnessrl.app.loop_config import LoopConfig
 
-    cfg = _train_config(LoopConfig(harness="toolbox", algo="pact", rounds=3, steps=2), tmp_path, str(tiny_model_dir), tmp_path, 1, None)
+    cfg = _train_config(LoopConfig(harness="toolbox", algo="pact", rounds=3, steps=2), tmp_path, str(tiny_model_dir), tmp_path, 1, None,
+                        str(tiny_model_dir))
     assert (cfg.pact_schedule_start, cfg.pact_schedule_steps) == (2, 6)
+    assert cfg.ref_model == str(tiny_model_dir)  # the KL reference: the loop's initial model, every round

@@ -1,56 +1,48 @@
-"""CAPO routing (docs/methods.md §6.2 step 4):
-
-    g = (M_act + γ(1−M_act))⊙∇L_act + (M_args + γ(1−M_args))⊙∇L_args + ∇L_other
+"""CAPO routing (docs/methods.md §6.2 step 4).
 
 L_act / L_args / L_other are the clipped surrogate over action / args / other (reasoning, format,
 unlabelled) trainable tokens, each normalised by its own token count over the optimizer step
-(token_mean weights per class, trainer/normalise.py). ∇L_other is TRL's ordinary
-backward; ∇L_act and ∇L_args are two extra passes (`torch.autograd.grad`) restricted to the
-parameters the masks can reach (the partitioned MLP weights when γ = 0).
+(token_mean weights per class, trainer/normalise.py). With R_k the routing mask of class k,
 
-Faster exact route (γ = 0): a token's log-prob depends on the final hidden state h only at the
-position that predicts it, and action and args tokens are disjoint, so one backward through the
-LM head of L_act + L_args gives ∂/∂h of both, split by position masks; the two extra passes then
-start at h and skip the LM head. `tests/test_trainer_capo.py` checks the routed gradient against
-the masked sum of the three separately computed gradients.
+    g = R_act⊙∇L_act + R_args⊙∇L_args + ∇L_other
 
-Freezing: with γ = 0 and L_other dropped, every parameter outside the partitions gets
-`requires_grad=False` (skipped by the optimizer). Inside a partially-partitioned weight, and for
-any element whose gradient has been exactly zero at every step so far, an optimizer step hook puts
-the old value back and clears its optimizer state, so weight decay and momentum never move it."""
+`capo_remainder: shared` (the default): R_act = 1 − (1−γ)·C_act, C_act the args partition less the
+action one (trainer/capo_masks.py), so each type updates its own partition and the shared
+remainder fully and leaks γ into the other type's partition. Then
+
+    g = ∇(L_act + L_args + L_other) − (1−γ)·(C_act⊙∇L_act + C_args⊙∇L_args)
+
+TRL's ordinary backward gives the first term. A token's log-prob depends on the final hidden state
+h only at the position that predicts it, so ∂L/∂h of that backward, split by the class of each
+position, is exactly ∂L_act/∂h and ∂L_args/∂h: a hook on h runs the two corrections from there
+(through the layers only, never the LM head again) while the backward is under way.
+
+`capo_remainder: leak` (the earlier rule): R_k = M_k + γ(1 − M_k) everywhere, so with γ = 0 the
+parameters in neither partition get only ∇L_other, and with L_other dropped they are frozen:
+`requires_grad=False`, and inside a partially-partitioned weight, for any element whose gradient
+has been exactly zero at every step so far, an optimizer step hook puts the old value back and
+clears its optimizer state, so weight decay and momentum never move it.
+
+The partition is static (the paper's): loaded from `partition` when the file exists, else built
+from this run's successful rollouts and saved there; a run with no success and no file trains
+unrouted. `tests/test_trainer_capo.py` checks the routed gradient against the masked sum of the
+three separately computed gradients."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import torch
 
-from harnessrl.samples import ACTION, ARGS
 from harnessrl.errors import UserError
-from harnessrl.trainer.capo_partition import Partition
+from harnessrl.samples import ACTION, ARGS
+from harnessrl.trainer.capo_masks import partition_masks, withheld_masks
+from harnessrl.trainer.capo_partition import Partition, build_partition, probe_set, write_outputs
 from harnessrl.trainer.diagnostics import masked_sums
 from harnessrl.trainer.grpo import HarnessTrainer
 
-
-def unit_masks(model: torch.nn.Module, partition: Partition, which: str) -> dict[torch.nn.Parameter, torch.Tensor]:
-    """0/1 masks covering the partition's units, shaped to broadcast against each parameter
-    ((units, 1) for gate/up rows, (1, units) for down columns), so they cost O(units) memory."""
-    modules = dict(model.named_modules())
-    units = getattr(partition, which)
-    masks: dict[torch.nn.Parameter, torch.Tensor] = {}
-    for layer, name in enumerate(partition.modules):
-        mlp = modules.get(name)
-        if mlp is None:  # a wrapped model (PEFT, DDP) prefixes the names
-            mlp = next((m for n, m in modules.items() if n.endswith("." + name)), None)
-        if mlp is None:
-            raise UserError(f"partition module {name!r} is not in this model: was the partition made for another model?")
-        u = units[layer].to(mlp.down_proj.weight.device, mlp.down_proj.weight.dtype)
-        if u.numel() != mlp.down_proj.weight.size(1):
-            raise UserError(f"partition has {u.numel()} units in {name}, the model has {mlp.down_proj.weight.size(1)}")
-        for proj in (mlp.gate_proj, mlp.up_proj):
-            masks[proj.weight] = u[:, None]
-            if proj.bias is not None:
-                masks[proj.bias] = u
-        masks[mlp.down_proj.weight] = u[None, :]
-    return masks
+log = logging.getLogger(__name__)
 
 
 class CapoTrainer(HarnessTrainer):
@@ -58,34 +50,54 @@ class CapoTrainer(HarnessTrainer):
 
     def __init__(self, model, cfg, data, tokenizer, peft_config=None, callbacks=None, trl_args=None, partition: Partition | None = None):
         if cfg.lora or peft_config is not None:
-            raise UserError("capo routes gradients over MLP units of the full model; --lora is not supported with --algo capo")
-        self.partition = partition or Partition.load(cfg.partition)
-        gamma = cfg.capo_gamma
-        m_act, m_args = unit_masks(model, self.partition, "act"), unit_masks(model, self.partition, "args")
-        routed = [p for p in model.parameters() if p.requires_grad and (gamma > 0 or p in m_act)]
-        # M' = M + γ(1 − M); a parameter outside every partition has M = 0, so M' = γ.
-        none = torch.zeros(())
-        self.routes = [
-            (p, m_act.get(p, none.to(p.device)) * (1 - gamma) + gamma, m_args.get(p, none.to(p.device)) * (1 - gamma) + gamma)
-            for p in routed
-        ]
-        if gamma == 0 and not cfg.capo_other:
-            keep = set(routed)
-            for p in model.parameters():
-                if p not in keep:
-                    p.requires_grad_(False)
+            raise UserError("capo routes gradients over units of the full model; --lora is not supported with --algo capo")
+        super().__init__(model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks, trl_args=trl_args)
+        self.partition = partition or self.static_partition()
+        self.routes: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
+        self.shared = cfg.capo_remainder == "shared"
         self._pending: list[torch.Tensor] | None = None
+        self._route_inputs = None
         self._hidden: torch.Tensor | None = None
-        norm = getattr(getattr(model, "model", None), "norm", None)  # the final norm feeds the LM head
-        if gamma == 0 and isinstance(norm, torch.nn.Module):
-            norm.register_forward_hook(self._keep_hidden)
         self._touched: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._saved: dict[torch.nn.Parameter, torch.Tensor] = {}
-        super().__init__(model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks, trl_args=trl_args)
-        self.routes = [(p, ma.to(p.device), mb.to(p.device)) for p, ma, mb in self.routes]  # the model may have moved
+        if self.partition is None or cfg.capo_gamma == 1:  # γ = 1 routes nothing away: plain backward
+            return
+        m_act, m_args = (partition_masks(self.model, self.partition, w, cfg.capo_units) for w in ("act", "args"))
+        gamma = cfg.capo_gamma
+        if self.shared:
+            self.routes = withheld_masks(m_act, m_args)
+            norm = getattr(getattr(self.model, "model", None), "norm", None)  # the final norm feeds the LM head
+            if isinstance(norm, torch.nn.Module) and not self.args.gradient_checkpointing:
+                norm.register_forward_hook(self._keep_hidden)
+            return
+        # leak: M' = M + γ(1 − M); a parameter outside every partition has M = 0, so M' = γ.
+        none = torch.zeros(())
+        routed = [p for p in self.model.parameters() if p.requires_grad and (gamma > 0 or p in m_act)]
+        self.routes = [(p, m_act.get(p, none.to(p.device)) * (1 - gamma) + gamma, m_args.get(p, none.to(p.device)) * (1 - gamma) + gamma)
+                       for p in routed]
+        if gamma == 0 and not cfg.capo_other:
+            keep = set(routed)
+            for p in self.model.parameters():
+                if p not in keep:
+                    p.requires_grad_(False)
 
-    def _keep_hidden(self, _module, _args, output) -> None:
-        self._hidden = output if output.requires_grad else None
+    def static_partition(self) -> Partition | None:
+        """The file at `partition` if it exists (unless `capo_partition_refresh`), else one built from
+        this run's probe set and saved there; None (an unrouted run) when there is neither."""
+        path = Path(self.cfg.partition)
+        has_success = bool(probe_set(self.data.samples))
+        if path.is_file() and (not self.cfg.capo_partition_refresh or not has_success):
+            return Partition.load(path)
+        if not has_success:
+            log.warning("capo: no successful rollout in these samples and no partition at %s yet: this run trains "
+                        "unrouted (CAPO's loss, plain gradient); the partition is made at the first run with a success", path)
+            return None
+        if self.accelerator.is_main_process:
+            part, report = build_partition(self.model, self.data.samples, rho=self.cfg.capo_rho, units=self.cfg.capo_units)
+            write_outputs(part, report, path)
+            log.warning("capo: partition made from %d probe samples, saved to %s (later runs reuse it)", report["probe_samples"], path)
+        self.accelerator.wait_for_everyone()
+        return Partition.load(path)
 
     # -- loss terms -----------------------------------------------------------------------------
     @staticmethod
@@ -111,53 +123,74 @@ class CapoTrainer(HarnessTrainer):
         loss = t["act"] + t["args"] + (t["other"] if self.cfg.capo_other else 0.0)
         return {"loss": loss, **t}
 
-    def _grads(self, loss: torch.Tensor, retain: bool) -> list[torch.Tensor]:
-        params = [p for p, _, _ in self.routes]
+    def _grads(self, loss: torch.Tensor, params: list[torch.nn.Parameter], retain: bool) -> list[torch.Tensor]:
         if not loss.requires_grad:  # no tokens of this class in the micro-batch
             return [torch.zeros_like(p) for p in params]
         grads = torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)
         return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
     def _compute_loss(self, model, inputs):
+        routing = self.model.training and bool(self.routes)
+        self._route_inputs = inputs if routing and self.shared else None
+        self._hidden = None
         t = self.terms(model, inputs)
-        total = (t["act"] + t["args"] + (t["other"] if self.cfg.capo_other else 0.0)).detach()
-        if not self.model.training:
-            return total
-        if self._hidden is not None:
-            g_act, g_args = self._grads_from_hidden(t, inputs)
-        else:
-            g_act = self._grads(t["act"], retain=True)
-            g_args = self._grads(t["args"], retain=self.cfg.capo_other)
-        self._log_grad_stats(g_act, g_args)
+        other = t["other"] if self.cfg.capo_other else 0.0
+        total = t["act"] + t["args"] + other
+        if not routing:
+            return total if total.requires_grad or not self.model.training else total + torch.zeros((), device=total.device, requires_grad=True)
+        params = [p for p, _, _ in self.routes]
+        if self.shared:
+            if self._hidden is None:  # no hidden-state hook (no final norm found, checkpointing): from the terms
+                self._route_inputs = None
+                a = self._grads(t["act"], params, retain=True)
+                b = self._grads(t["args"], params, retain=True)
+                self._withhold(a, b)
+            return total if total.requires_grad else total + torch.zeros((), device=total.device, requires_grad=True)
+        g_act = self._grads(t["act"], params, retain=True)
+        g_args = self._grads(t["args"], params, retain=self.cfg.capo_other)
         self._pending = [ma * ga + mb * gb for (_, ma, mb), ga, gb in zip(self.routes, g_act, g_args)]
+        self._log_mean("grad_norm/act", _norm(ma * a for (_, ma, _), a in zip(self.routes, g_act)))
+        self._log_mean("grad_norm/args", _norm(mb * b for (_, _, mb), b in zip(self.routes, g_args)))
         if self.cfg.capo_other and t["other"].requires_grad:
             # TRL's backward runs on L_other only; the value reported is the full loss.
-            return t["other"] + (total - t["other"].detach())
-        return torch.zeros((), device=total.device, requires_grad=True) + total
+            return t["other"] + (total - t["other"]).detach()
+        return torch.zeros((), device=total.device, requires_grad=True) + total.detach()
 
-    def _grads_from_hidden(self, t: dict[str, torch.Tensor], inputs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        h, self._hidden = self._hidden, None
-        params = [p for p, _, _ in self.routes]
-        both = t["act"] + t["args"]
-        if not both.requires_grad:
-            return [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
-        (dh,) = torch.autograd.grad(both, h, retain_graph=True)
-        # Row i's completion token j is predicted at packed position index[i, j] (trainer/packing.py).
+    def _withhold(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+        """Pending: −(1−γ)(C_act⊙∇L_act + C_args⊙∇L_args), added to the gradient after the backward."""
+        keep = 1 - self.cfg.capo_gamma
+        off_act = [ca * x for (_, ca, _), x in zip(self.routes, a)]
+        off_args = [cb * x for (_, _, cb), x in zip(self.routes, b)]
+        self._log_mean("grad_norm/act_withheld", keep * _norm(off_act))
+        self._log_mean("grad_norm/args_withheld", keep * _norm(off_args))
+        self._pending = [-keep * (x + y) for x, y in zip(off_act, off_args)]
+
+    def _keep_hidden(self, _module, _args, output) -> None:
+        if self._route_inputs is not None and output.requires_grad:
+            self._hidden = output
+            output.register_hook(self._route_at_hidden)
+
+    def _route_at_hidden(self, dh: torch.Tensor) -> None:
+        """Runs inside TRL's backward with dh = ∂(L_act + L_args + L_other)/∂h; the positions that
+        predict action (args) tokens carry exactly ∂L_act/∂h (∂L_args/∂h)."""
+        h, inputs = self._hidden, self._route_inputs
+        if h is None:  # the hook fires again inside the two passes below, which start at h
+            return
+        self._hidden = self._route_inputs = None
         packed = inputs["packed"]
         cls = torch.where((inputs["loss_mask"] > 0) & packed.valid, inputs["token_class"], torch.zeros_like(inputs["token_class"]))
         pos = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
-        pos[0, packed.index[packed.valid]] = cls[packed.valid]
+        pos[0, packed.index[packed.valid]] = cls[packed.valid]  # row i's token j is predicted at index[i, j]
+        params = [p for p, _, _ in self.routes]
         out = []
-        for code, retain in ((ACTION, True), (ARGS, self.cfg.capo_other)):
-            g = torch.autograd.grad(h, params, grad_outputs=dh * (pos == code).unsqueeze(-1), retain_graph=retain, allow_unused=True)
+        for code in (ACTION, ARGS):
+            g = torch.autograd.grad(h, params, grad_outputs=dh * (pos == code).unsqueeze(-1).to(dh.dtype), retain_graph=True, allow_unused=True)
             out.append([torch.zeros_like(p) if x is None else x for p, x in zip(params, g)])
-        return out[0], out[1]
+        self._withhold(*out)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._pending is not None:
-            if self.cfg.capo_other:
-                self._log_mean("grad_norm/other", torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)))
             for (p, _, _), g in zip(self.routes, self._pending):
                 if self.accelerator.num_processes > 1:  # routed grads bypass DDP's hooks
                     g = self.accelerator.reduce(g, reduction="mean")
@@ -165,20 +198,13 @@ class CapoTrainer(HarnessTrainer):
             self._pending = None
         return loss
 
-    def _log_grad_stats(self, g_act: list[torch.Tensor], g_args: list[torch.Tensor]) -> None:
-        dot = sum((a.float() * b.float()).sum() for a, b in zip(g_act, g_args))
-        na = torch.sqrt(sum((a.float() ** 2).sum() for a in g_act))
-        nb = torch.sqrt(sum((b.float() ** 2).sum() for b in g_args))
-        self._log_mean("grad_norm/act", torch.sqrt(sum(((ma * a).float() ** 2).sum() for (_, ma, _), a in zip(self.routes, g_act))))
-        self._log_mean("grad_norm/args", torch.sqrt(sum(((mb * b).float() ** 2).sum() for (_, _, mb), b in zip(self.routes, g_args))))
-        self._log_mean("grad_cosine/act_args", dot / (na * nb).clamp(min=1e-12))
-
-    # -- freezing ---------------------------------------------------------------------------------
+    # -- freezing (capo_remainder: leak) ------------------------------------------------------------
     def create_optimizer(self, *args, **kwargs):
         opt = super().create_optimizer(*args, **kwargs)
-        inner = getattr(opt, "optimizer", opt)
-        inner.register_step_pre_hook(self._before_step)
-        inner.register_step_post_hook(self._after_step)
+        if not self.shared:
+            inner = getattr(opt, "optimizer", opt)
+            inner.register_step_pre_hook(self._before_step)
+            inner.register_step_post_hook(self._after_step)
         return opt
 
     def _before_step(self, optimizer, *_):
@@ -202,3 +228,7 @@ class CapoTrainer(HarnessTrainer):
                     if isinstance(state, torch.Tensor) and state.shape == p.shape:
                         state[untouched] = 0
         self._saved.clear()
+
+
+def _norm(tensors) -> torch.Tensor:
+    return torch.sqrt(sum((t.float() ** 2).sum() for t in tensors))

@@ -1,16 +1,21 @@
-"""CAPO partitions (docs/methods.md §6.2 steps 1–3): MLP-unit activation statistics per token class on a
-probe set of successful rollouts, layer-wise importance, top-ρ units per class.
+"""CAPO partitions (docs/methods.md §6.2 steps 1–3): activation statistics of the structural units of
+every layer per token class on a probe set of successful rollouts, layer-wise importance, top-ρ
+units per class and layer.
 
-A unit u of layer l is the u-th input of `down_proj` (act(gate)·up); its parameters are row u of
-`gate_proj`/`up_proj` and column u of `down_proj`. A token's activation is read at the position
-that predicts it."""
+Units (the paper's "layers and structural units"): an MLP unit u of layer l is the u-th input of
+`down_proj` (act(gate)·up); its parameters are row u of `gate_proj`/`up_proj` and column u of
+`down_proj`. An attention head h of layer l is its slice of the input of `o_proj` (the head's
+output); its parameters are its rows of `q_proj`, its columns of `o_proj`, and the rows of its
+key/value head in `k_proj`/`v_proj` (shared by the query heads of a GQA group: trainer/capo_masks.py).
+A unit's activation is the mean |value| over its coordinates (1 for an MLP unit, head_dim for a
+head), read at the position that predicts the token."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,6 +26,7 @@ from harnessrl.trainer.data import Sample
 from harnessrl.trainer.packing import pack, use_packed_attention
 
 CLASSES = {"action": ACTION, "args": ARGS}
+UNITS = ("heads_mlp", "mlp")
 
 
 def mlp_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -29,6 +35,15 @@ def mlp_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     if not found:
         raise UserError("CAPO needs a gated-MLP model (gate_proj/up_proj/down_proj, as in Llama/Qwen/Mistral)")
     return found
+
+
+def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, attention) for every q/k/v/o-projection attention module, in layer order."""
+    return [(n, m) for n, m in model.named_modules() if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj"))]
+
+
+def head_dim(attn: torch.nn.Module) -> int:
+    return int(getattr(attn, "head_dim", None) or attn.o_proj.in_features // attn.config.num_attention_heads)
 
 
 def probe_set(samples: list[Sample], threshold: float | None = None) -> list[Sample]:
@@ -53,25 +68,32 @@ def probe_rows(samples: list[Sample], max_tokens: int) -> list[list[Sample]]:
 
 @torch.no_grad()
 def activation_stats(model: torch.nn.Module, samples: list[Sample], max_tokens: int = 32768) -> dict[str, torch.Tensor]:
-    """a^k_{l,u} = mean over probe tokens of class k of |h_{l,u}(t)|, as (layers, units) per class.
+    """a^k_{l,u} = mean over probe tokens of class k of |h_{l,u}(t)|, as (layers, units) per class k
+    ("action", "args": MLP units; "action_heads", "args_heads": attention heads, (layers, heads)).
 
     The samples run packed (trainer/packing.py) and each layer's activations are summed over the
     selected positions as they are made, so memory is linear in a sample's length."""
-    mlps = mlp_modules(model)
+    mlps, attns = mlp_modules(model), attention_modules(model)
     units = mlps[0][1].down_proj.in_features
     sums = {k: torch.zeros(len(mlps), units) for k in CLASSES}
+    if attns:
+        heads = attns[0][1].o_proj.in_features // head_dim(attns[0][1])
+        sums.update({f"{k}_heads": torch.zeros(len(attns), heads) for k in CLASSES})
     counts = dict.fromkeys(CLASSES, 0.0)
     at: dict[str, torch.Tensor] = {}  # class → packed positions of this row's class tokens
 
-    def hook(i):
+    def hook(i, suffix, width):
         def fn(_module, args):
             for name, pos in at.items():
-                sums[name][i] += args[0][0, pos].detach().abs().float().sum(0).cpu()
+                x = args[0][0, pos].detach().abs().float()
+                sums[name + suffix][i] += x.view(x.size(0), -1, width).mean(-1).sum(0).cpu()
         return fn
 
-    handles = [m.down_proj.register_forward_pre_hook(hook(i)) for i, (_, m) in enumerate(mlps)]
+    handles = [m.down_proj.register_forward_pre_hook(hook(i, "", 1)) for i, (_, m) in enumerate(mlps)]
+    handles += [a.o_proj.register_forward_pre_hook(hook(i, "_heads", head_dim(a))) for i, (_, a) in enumerate(attns)]
     device = next(model.parameters()).device
     use_packed_attention(model)
+    was_training = model.training
     try:
         model.eval()
         for row in probe_rows(samples, max_tokens):
@@ -91,11 +113,13 @@ def activation_stats(model: torch.nn.Module, samples: list[Sample], max_tokens: 
     finally:
         for h in handles:
             h.remove()
+        model.train(was_training)
     out = {}
     for name in CLASSES:
         if not counts[name]:
             raise UserError(f"the probe set has no {name} tokens: compile with token classes, or lower the probe threshold")
-        out[name] = sums[name] / counts[name]
+    for key, total in sums.items():
+        out[key] = total / counts[key.removesuffix("_heads")]
     return out
 
 
@@ -120,9 +144,15 @@ class Partition:
     act: torch.Tensor  # bool (layers, units)
     args: torch.Tensor
     meta: dict
+    # attention heads (bool (layers, heads)) and their modules; empty for an MLP-only partition
+    # (`capo_units: mlp`, or a file written before heads were partitioned)
+    attn_modules: list[str] = field(default_factory=list)
+    act_heads: torch.Tensor | None = None
+    args_heads: torch.Tensor | None = None
 
     def save(self, path: str | Path) -> None:
-        torch.save({"modules": self.modules, "act": self.act, "args": self.args, "meta": self.meta}, path)
+        torch.save({"modules": self.modules, "act": self.act, "args": self.args, "meta": self.meta,
+                    "attn_modules": self.attn_modules, "act_heads": self.act_heads, "args_heads": self.args_heads}, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Partition":
@@ -131,35 +161,49 @@ class Partition:
             raise UserError(f"partition file not found: {p}")
         try:
             d = torch.load(p, map_location="cpu", weights_only=True)
-            return cls(d["modules"], d["act"].bool(), d["args"].bool(), d["meta"])
+            heads = [None if d.get(k) is None else d[k].bool() for k in ("act_heads", "args_heads")]
+            return cls(d["modules"], d["act"].bool(), d["args"].bool(), d["meta"], list(d.get("attn_modules", [])), *heads)
         except Exception as exc:
             raise UserError(f"{p} is not a CAPO partition file ({type(exc).__name__})") from None
 
 
 def build_partition(model, samples: list[Sample], rho: float = 0.25, by: str = "activation",
-                    threshold: float | None = None) -> tuple[Partition, dict]:
+                    threshold: float | None = None, units: str = "heads_mlp") -> tuple[Partition, dict]:
+    """`units`: "heads_mlp" (attention heads and MLP units of every layer, the paper's "layers and
+    structural units") or "mlp" (MLP units only, the earlier partition)."""
     if not 0 < rho <= 1:
         raise UserError(f"rho must be in (0, 1], got {rho}")
     if by not in ("activation", "contrast"):
         raise UserError(f"--by must be activation or contrast, got {by!r}")
+    if units not in UNITS:
+        raise UserError(f"unknown CAPO units {units!r}; choose one of {', '.join(UNITS)}")
     probe = probe_set(samples, threshold)
     if not probe:
         raise UserError("no successful rollout in the samples to probe (no group has a best outcome > 0)")
     stats = activation_stats(model, probe)
-    if by == "contrast":
-        act, args = top_units(stats["action"] - stats["args"], rho), top_units(stats["args"] - stats["action"], rho)
-    else:
-        act, args = top_units(stats["action"], rho), top_units(stats["args"], rho)
+    parts = {}
+    kinds = ("", "_heads") if units == "heads_mlp" and "action_heads" in stats else ("",)
+    for kind in kinds:
+        a, b = stats["action" + kind], stats["args" + kind]
+        parts[kind] = (top_units(a - b, rho), top_units(b - a, rho)) if by == "contrast" else (top_units(a, rho), top_units(b, rho))
+    act, args = parts[""]
     report = {
         "probe_samples": len(probe),
         "rho": rho,
         "by": by,
+        "units": units,
         "importance": {"action": layer_importance(stats["action"]), "args": layer_importance(stats["args"])},
         "overlap_per_layer": ((act & args).sum(1).float() / act.sum(1).float()).tolist(),
         "units_per_layer": int(act.size(1)),
     }
     names = [n for n, _ in mlp_modules(model)]
-    return Partition(names, act, args, report), report
+    part = Partition(names, act, args, report)
+    if "_heads" in parts:
+        part.attn_modules = [n for n, _ in attention_modules(model)]
+        part.act_heads, part.args_heads = parts["_heads"]
+        report["importance_heads"] = {"action": layer_importance(stats["action_heads"]), "args": layer_importance(stats["args_heads"])}
+        report["heads_per_layer"] = int(part.act_heads.size(1))
+    return part, report
 
 
 def plot_importance(report: dict, path: str | Path) -> None:
@@ -169,10 +213,11 @@ def plot_importance(report: dict, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for name, values in report["importance"].items():
-        ax.plot(range(len(values)), values, marker="o", label=name)
+    for key, what in (("importance", "MLP"), ("importance_heads", "heads")):
+        for name, values in report.get(key, {}).items():
+            ax.plot(range(len(values)), values, marker="o", label=f"{name} ({what})")
     ax.set_xlabel("layer")
-    ax.set_ylabel("share of MLP activation")
+    ax.set_ylabel("share of activation")
     ax.set_title("CAPO layer-wise importance")
     ax.legend()
     fig.tight_layout()

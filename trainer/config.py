@@ -15,7 +15,9 @@ from harnessrl.errors import UserError
 
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean", "prompt_mean")
 PACT_GATES = ("epoch", "step")
-RATIO_TO = ("step", "behaviour")
+RATIO_TO = ("round", "step", "behaviour")
+CAPO_UNITS = ("heads_mlp", "mlp")
+CAPO_REMAINDERS = ("shared", "leak")
 OVER_LENGTH = ("truncate", "skip")
 # the help panels of `harnessrl train` (a flagged field is an option; the others are set in the YAML --config)
 TRAINING, LONG, PUSH, CAPO, PACT, LOGGING = "Training", "Long samples", "Push", "CAPO", "PACT", "Logging"
@@ -56,10 +58,11 @@ class TrainConfig:
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
     tis_cap: float = 2.0
-    # logp_old of the ratio: "step" = the policy at the start of each optimizer step (docs/methods.md
-    # §6, TRL's); "behaviour" = the recorded sampling log-probs, so the ε clip bounds how far all of a
-    # round's steps move each sampled token from the policy that sampled it (PPO's trust region)
-    ratio_to: str = "step"
+    # logp_old of the ratio (docs/methods.md §6): "round" = the policy at the start of this run (the
+    # loop's round) before its first optimizer step, so the ε clip bounds how far the run's steps move
+    # each token (PPO's); "behaviour" = the recorded sampling log-probs; "step" = the policy at the
+    # start of each optimizer step (TRL's with one iteration: the ratio is 1, the clip inert)
+    ratio_to: str = "round"
     # scale of negative advantages (1 = the method's loss). A negative advantage pushes its sampled
     # tokens down and their mass onto tokens nobody sampled (in a tiny policy: invalid tool names);
     # below 1 the round learns mostly from what worked. 0 keeps only positive advantages
@@ -84,9 +87,18 @@ class TrainConfig:
     # the records DB (its weight-version table) that a vLLM push is recorded in, as the proxy records its own
     db: str | None = option(None, panel=PUSH, help="Records DB to record a vLLM push's weight version in.")
     # capo (§6.2)
-    partition: str | None = option(None, panel=CAPO, help="CAPO partition file (capo-partition).")
-    capo_gamma: float = 0.0
+    partition: str | None = option(None, panel=CAPO, help="CAPO partition file: loaded if it exists, else made from "
+                                   "this run's successful rollouts and saved there (or by capo-partition).")
+    # file absent: made from this run's successful rollouts and saved there; no success: an unrouted run
+    capo_partition_refresh: bool = False  # rebuild the partition even when the file exists
+    capo_rho: float = 0.25  # fraction of each layer's units (and heads) in a partition, when one is built
+    capo_units: str = "heads_mlp"  # heads_mlp: attention heads and MLP units of every layer; mlp: MLP units only
+    # shared: parameters in neither partition get both types' gradient; leak: they get γ of each (the earlier rule)
+    capo_remainder: str = "shared"
+    capo_gamma: float = 0.1  # leak of each type's gradient into the other's partition (bench/capo_gamma.py)
     capo_other: bool = True  # L_other on reasoning/format tokens with full-parameter gradient
+    # the KL reference model (None: the model as at this run's start); `loop` passes its initial model
+    ref_model: str | None = None
     # pact (§6.4)
     pact_q: float = 0.4
     pact_beta_sft: float = 0.1
@@ -130,6 +142,12 @@ class TrainConfig:
             raise UserError(f"unknown optim {self.optim!r} (transformers' optimizer names, e.g. adamw_torch, sgd)")
         if self.ratio_to not in RATIO_TO:
             raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
+        if self.capo_units not in CAPO_UNITS or self.capo_remainder not in CAPO_REMAINDERS:
+            raise UserError(f"capo_units must be one of {', '.join(CAPO_UNITS)} and capo_remainder one of {', '.join(CAPO_REMAINDERS)}")
+        if not 0.0 <= self.capo_gamma <= 1.0 or not 0.0 < self.capo_rho <= 1.0:
+            raise UserError(f"capo_gamma must be in [0, 1] and capo_rho in (0, 1], got {self.capo_gamma}, {self.capo_rho}")
+        if self.ref_model is not None and not (Path(self.ref_model) / "config.json").is_file():
+            raise UserError(f"ref_model {self.ref_model}: not a model directory (no config.json)")
         if self.ratio_to == "behaviour" and self.algo == "pact":
             # PACT's trace rows are scored under c^h, not under the context they were sampled in
             raise UserError("ratio_to: behaviour is for grpo, capo and matpo; pact's logp_old is under c^h (§6.4)")
@@ -138,7 +156,8 @@ class TrainConfig:
         if self.pact_gate not in PACT_GATES:
             raise UserError(f"unknown pact_gate {self.pact_gate!r}; choose one of {', '.join(PACT_GATES)}")
         if self.algo == "capo" and not self.partition:
-            raise UserError("--algo capo needs --partition FILE (make one with `harnessrl capo-partition`)")
+            raise UserError("--algo capo needs --partition FILE (loaded if it exists; else made from the run's successful "
+                            "rollouts and saved there; or make one with `harnessrl capo-partition`)")
         if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
             raise UserError("--steps, batch size and grad accumulation must be positive")
         if self.over_length not in OVER_LENGTH:

@@ -26,7 +26,7 @@ from harnessrl.trainer.losses import clipped_surrogate, clipped_tokens, k3_kl, t
 from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
 from harnessrl.trainer.steps import StepPlan
-from harnessrl.trainer.trl_private import TESTED, drift, log_metric, step_counter, text_tokenizer, trl_version
+from harnessrl.trainer.trl_private import TESTED, drift, log_metric, reference_from, step_counter, text_tokenizer, trl_version
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,13 @@ class HarnessTrainer(GRPOTrainer):
         args = grpo_args(cfg, self.plan.micro, checkpointing, **(trl_args or {}))
         use_packed_attention(model)
         index = HFDataset.from_dict({"prompt": list(range(len(self.data.samples)))})
-        super().__init__(
-            model=model, reward_funcs=[compiled_reward], args=args, train_dataset=index, processing_class=tokenizer,
-            peft_config=peft_config, callbacks=callbacks,
-        )
+        if cfg.ref_model and args.beta != 0.0 and (cfg.lora or peft_config is not None):
+            raise UserError("ref_model needs full fine-tuning: with --lora the KL reference is the base model under the adapter")
+        with reference_from(model, cfg.ref_model if args.beta != 0.0 else None):
+            super().__init__(
+                model=model, reward_funcs=[compiled_reward], args=args, train_dataset=index, processing_class=tokenizer,
+                peft_config=peft_config, callbacks=callbacks,
+            )
         if self.ref_model is not None:
             use_packed_attention(self.ref_model)
         if self.accelerator.num_processes != world:
@@ -143,6 +146,8 @@ class HarnessTrainer(GRPOTrainer):
         self._micro: list[dict[str, Any]] = []
         self._running: list[Sample] = []
         self._diagnostics = Diagnostics()
+        self._at_step: int | None = None  # the step a batch is built for, when not the current one
+        self._round_old: dict[tuple[int, int], torch.Tensor] | None = None  # ratio_to round: (step, slot) → logp_old
 
     # -- data ---------------------------------------------------------------------------------
     def limit_lengths(self, data: Dataset) -> Dataset:
@@ -168,10 +173,37 @@ class HarnessTrainer(GRPOTrainer):
         slot = step_counter(self) % self.args.gradient_accumulation_steps
         if slot == 0:
             step = step_counter(self) // self.args.gradient_accumulation_steps
-            groups = self.plan.micro_batches(step, self.accelerator.process_index)
-            self._micro = self.micro_batches([[self.data.samples[i] for i in g] for g in groups])
+            if step == 0 and self.cfg.ratio_to == "round":
+                self._round_old = self.round_start_logps()
+            self._micro = self.micro_batches(self.step_groups(step))
+            for k, mb in enumerate(self._micro):
+                if self._round_old and (step, k) in self._round_old:
+                    mb["old_per_token_logps"] = self._round_old.pop((step, k)).to(self.accelerator.device)
         self._running = self._micro[slot]["samples"]
         return self._micro[slot]
+
+    def step_groups(self, step: int) -> list[list[Sample]]:
+        return [[self.data.samples[i] for i in g] for g in self.plan.micro_batches(step, self.accelerator.process_index)]
+
+    @torch.no_grad()
+    def round_start_logps(self) -> dict[tuple[int, int], torch.Tensor]:
+        """`ratio_to: round`: logp_old of every micro-batch of steps 1 … S−1 under the policy as it is
+        now, before the run's first optimizer step (step 0's are its own detached log-probs). Each
+        batch is built as its step will build it (PACT: that step's gates, level and c^h rows)."""
+        out = {}
+        for step in range(1, self.args.max_steps):
+            self._at_step = step
+            try:
+                micro = self.micro_batches(self.step_groups(step), reference=False)
+            finally:
+                self._at_step = None
+            for k, mb in enumerate(micro):
+                out[(step, k)] = self.policy_logps(self.model, mb)[0].cpu()
+        return out
+
+    def plan_step(self) -> int:
+        """The optimizer step the batch being built belongs to."""
+        return self.state.global_step if self._at_step is None else self._at_step
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         with memory_guard(self.describe_running):
@@ -198,7 +230,7 @@ class HarnessTrainer(GRPOTrainer):
         keys = [prompt_key(s) if mode == "prompt_mean" else s.rollout_id for s in samples]
         return token_weights(mask, keys, mode, gather)
 
-    def micro_batches(self, groups: list[list[Sample]]) -> list[dict[str, Any]]:
+    def micro_batches(self, groups: list[list[Sample]], reference: bool = True) -> list[dict[str, Any]]:
         """This process's micro-batches of one optimizer step: the step's padded columns and loss weights,
         computed on all its rows at once, then each group's rows packed for the forward passes."""
         samples = [s for g in groups for s in g]
@@ -209,13 +241,13 @@ class HarnessTrainer(GRPOTrainer):
             part = {k: v[at:at + len(g)] if v.dim() else v for k, v in batch.items()}
             at += len(g)
             self._running = g
-            out.append(self.prepare_micro_batch(part, g))
+            out.append(self.prepare_micro_batch(part, g, reference))
         return out
 
-    def prepare_micro_batch(self, batch: dict[str, Any], samples: list[Sample]) -> dict[str, Any]:
+    def prepare_micro_batch(self, batch: dict[str, Any], samples: list[Sample], reference: bool = True) -> dict[str, Any]:
         batch["samples"] = samples
         batch["packed"] = self.pack_rows(batch)
-        if self.beta != 0.0:
+        if self.beta != 0.0 and reference:
             with torch.no_grad():
                 batch["ref_per_token_logps"] = self._reference_logps(batch["packed"])
         return batch

@@ -6,11 +6,12 @@
   optimizer step). z = 1 anchors (plain surrogate), z = 0 trains on the trace.
 - Trace rows: the privileged block "Reference trace (training only): …" is inserted at the end of
   the first user message; the rollout's own tokens are unchanged, only shifted. Such a row is an
-  ordinary sample with a longer prompt, so log-probs, logp_old (recomputed in the same batch) and
-  the reference KL are all taken under c^h.
+  ordinary sample with a longer prompt, so log-probs, logp_old (`ratio_to: round`: scored once at
+  the run's start, under the c^h its step will show) and the reference KL are all taken under c^h.
 - SFT: −(1/Z)Σ m_n log π(h*_n | x, h*_<n): x is the rollout's own prompt tokens (system prompt and
   tools schema as the policy saw them), h* the expert turns rendered with the chat template after
-  it; m = 1 on the active reasoning prefix, λ_a(s) on complete tool-call spans, 0 elsewhere.
+  it; m = 1 on the active reasoning prefix, λ_a(s) on complete tool-call spans, 0 elsewhere; scored
+  at temperature 1 whatever the sampling temperature (`unit_temperature`).
 - Total per optimizer step: the mean over the step's prompts of the paper's per-prompt loss
   L_i = (1 − z_i)(L^h_RL(i) + β_SFT·L_SFT(i)) + z_i·L^x_RL(i), each RL term the token mean over the
   prompt's rows (`prompt_mean`, the default aggregation; another `--loss-agg` replaces the RL part by
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +47,32 @@ from harnessrl.trainer.packing import pack, packed_logps
 from harnessrl.trainer.sft import span_weights
 
 _MARK = "\x00HARNESSRL\x00"
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def unit_temperature(causal_lm, temperature: float):
+    """TRL's fused head divides the logits by the sampling temperature T, fixed when the head is put
+    on the model; L_SFT is scored at T = 1 (the paper's). For this pass the backbone's last hidden
+    state h is multiplied by T, so the head's logits (T·h)W/T are hW, the unscaled ones: exact for an
+    LM head without bias and without logit soft-capping (refused otherwise)."""
+    if temperature == 1.0:
+        yield
+        return
+    base = causal_lm.get_base_model() if hasattr(causal_lm, "get_base_model") else causal_lm
+    if base.get_output_embeddings().bias is not None or getattr(base.config.get_text_config(), "final_logit_softcapping", None):
+        raise UserError("pact scores L_SFT at temperature 1 by scaling the hidden state, which needs an LM head without "
+                        "bias or logit soft-capping: train this model at temperature 1")
+
+    def scale(_module, _args, out):
+        out.last_hidden_state = out.last_hidden_state * temperature
+        return out
+
+    handle = base.base_model.register_forward_hook(scale)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def gate(seed: int, task_id: str, draw: int, q: float) -> int:
@@ -177,6 +206,12 @@ class PactTrainer(HarnessTrainer):
         self._block_cache: dict[tuple[str, int], list[int]] = {}
         self._extra_tokens: dict[str, int] = {}
         super().__init__(*args, **kwargs)
+        traces = [t.expert_trace for t in self.data.tasks.values() if t.expert_trace]
+        if not traces:
+            log.warning("pact: no task has an expert trace, so every prompt is an anchor (the plain surrogate, no SFT)")
+        elif not any(seg.get("text") for tr in traces for turn in tr.get("turns", []) for seg in turn.get("reasoning_segments") or []):
+            log.warning("pact: the expert traces carry no reasoning, so the reasoning-level schedule has nothing to act "
+                        "on: only λ_a anneals (the SFT targets and c^h are the tool calls and observations)")
 
     def sample_tokens(self, sample: Sample) -> int:
         """At most: the rollout's tokens, the privileged block, and its task's SFT sequence (all at level 4, the longest)."""
@@ -188,9 +223,10 @@ class PactTrainer(HarnessTrainer):
             self._extra_tokens[sample.task_id] = len(self._block(sample.task_id, task.expert_trace, 4)) + len(weights)
         return len(sample.input_ids) + sample.prompt_len + self._extra_tokens[sample.task_id]  # RL row + SFT sequence (x + expert)
 
-    def schedule(self) -> tuple[float, int]:
-        """(λ_a, level) at this step of the whole training (config: pact_schedule_start / _steps)."""
-        s = self.cfg.pact_schedule_start + self.state.global_step
+    def schedule(self, step: int | None = None) -> tuple[float, int]:
+        """(λ_a, level) at this run's `step` (default: the current one) of the whole training (config:
+        pact_schedule_start / _steps)."""
+        s = self.cfg.pact_schedule_start + (self.state.global_step if step is None else step)
         S = self.cfg.pact_schedule_steps or self.args.max_steps
         return lambda_a(s, S, self.cfg.pact_lambda_start, self.cfg.pact_lambda_end), reasoning_level(s, S)
 
@@ -202,8 +238,8 @@ class PactTrainer(HarnessTrainer):
         return self._block_cache[key]
 
     def build_batch(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
-        lam, level = self.schedule()
-        step = self.state.global_step
+        step = self.plan_step()
+        lam, level = self.schedule(step)
         draw = step // self.plan.per_epoch if self.cfg.pact_gate == "epoch" else step
         rows, gates, sft_rows = [], [], []
         seen: set[str] = set()
@@ -248,10 +284,10 @@ class PactTrainer(HarnessTrainer):
         out["sft_row_weight"] = torch.tensor(sft_row_weights(rows, everyone), device=batch["sft_weights"].device)
         return out
 
-    def prepare_micro_batch(self, batch, samples):
+    def prepare_micro_batch(self, batch, samples, reference=True):
         """Also the rows' SFT sequences, packed apart from the RL rows (their own forward pass), scored
         from each one's first weighted token (the rollout's prompt x before it has weight 0)."""
-        batch = super().prepare_micro_batch(batch, samples)
+        batch = super().prepare_micro_batch(batch, samples, reference)
         w, lengths = batch["sft_weights"], batch["sft_mask"].sum(1).tolist()
         first = [int(torch.nonzero(w[i, 1:] > 0)[0]) + 1 if bool((w[i, 1:] > 0).any()) else lengths[i] for i in range(len(lengths))]
         width = max([n - f for n, f in zip(lengths, first)] + [1])
@@ -268,7 +304,8 @@ class PactTrainer(HarnessTrainer):
         w = inputs["sft_token_weights"]
         if not bool((w > 0).any()):
             return torch.zeros(w.size(0), device=w.device)
-        logps, _ = packed_logps(self, model, inputs["sft_packed"])
+        with unit_temperature(self.accelerator.unwrap_model(model), self.temperature):
+            logps, _ = packed_logps(self, model, inputs["sft_packed"])
         return -(logps * w).sum(-1) / w.sum(-1).clamp(min=1e-12)  # 0 on rows without a sequence
 
     def objective(self, model, inputs):

@@ -105,6 +105,23 @@ def fused_logps(trainer, model, compute_entropy: bool, **inputs) -> tuple[torch.
     return logps, (out.entropy if compute_entropy else None)
 
 
+@contextmanager
+def reference_from(model, path: str | None):
+    """GRPOTrainer.__init__ builds its KL reference model by loading `model.config._name_or_path`
+    (`get_config_model_id`), then prepares it as the policy (dtype, fused head, dropout off,
+    DeepSpeed/FSDP): pointing that name at `path` for the duration of the call gives a reference
+    loaded from `path` with all of that (`ref_model`: the loop's initial policy in every round)."""
+    if path is None:
+        yield
+        return
+    name = model.config._name_or_path
+    model.config._name_or_path = str(path)
+    try:
+        yield
+    finally:
+        model.config._name_or_path = name
+
+
 def text_tokenizer(trainer):
     """The text tokenizer TRL took from `processing_class`."""
     return trainer._tokenizer
