@@ -72,8 +72,8 @@ def coding_tasks(rows: list[TaskRow], tasks_file: Path, flags: RolloutFlags) -> 
     todo = [row for row in rows if (t := tasks[row.id]) is not None and t.hidden_tests is not None
             and t.reward_cmd is None and flags.reward_cmd is None]
     jobs = [(tasks[row.id], reference_tree(row.reference, f"task {row.id}"), f"task {row.id}") for row in todo]
-    for row, known in zip(todo, known_for_all(jobs)):
-        tasks[row.id] = replace(tasks[row.id], known_tests=known)
+    for row, (known, prints) in zip(todo, known_for_all(jobs)):
+        tasks[row.id] = replace(tasks[row.id], known_tests=known, fingerprint=prints)
     return tasks
 
 

@@ -46,7 +46,7 @@ from harnessrl.errors import UserError
 RUNNER = Path(__file__).with_name("scoring_runner.py")
 REPORT_LIMIT = 16 << 20  # bytes of a report read back
 LOAD_LIMITS = Limits(sandbox="none", timeout=300.0)  # the known-tests run: the task's own code, unsandboxed
-_known: dict[str, tuple[str, ...]] = {}
+_known: dict[str, Any] = {}
 
 
 @dataclass
@@ -137,8 +137,18 @@ def _passed(phases: Any) -> bool:
     return isinstance(phases, dict) and all(phases.get(p) == "passed" for p in ("setup", "call", "teardown"))
 
 
-def verdict(known: tuple[str, ...], run: TestRun, mode: str) -> TestOutcome:
+def fingerprint(report: dict, ids: tuple[str, ...], with_hooks: bool) -> tuple[str, str | None]:
+    """Digests of the tests' parameters and of pytest's hook implementations in a run."""
+    def digest(value: Any) -> str:
+        return hashlib.sha256(json.dumps(value).encode()).hexdigest()
+
+    params = report.get("params") if isinstance(report.get("params"), dict) else {}
+    return digest([params.get(i) for i in ids]), digest(report.get("hooks")) if with_hooks else None
+
+
+def verdict(task: CodingTask, run: TestRun, mode: str) -> TestOutcome:
     """The reward of a run against the task's known tests; metadata for the viewer."""
+    known = task.known_tests or ()
     done, report = run.done, run.report
     meta: dict[str, Any] = {"mode": mode, "exit_code": done.code, "timed_out": done.timed_out,
                             "seconds": round(done.seconds, 3), "known": len(known), "report": run.status,
@@ -157,6 +167,11 @@ def verdict(known: tuple[str, ...], run: TestRun, mode: str) -> TestOutcome:
         why = f"the test run did not end as pytest does (exit code {done.code}, pytest's {report['exitstatus']})"
     elif extra := sorted((set(report["collected"]) | set(outcomes)) - set(known)):
         why = f"tests the task does not have ran: {', '.join(extra[:3])}"
+    elif report.get("tampered"):
+        why = str(report["tampered"][0])
+    elif (mine := fingerprint(report, known, task.fingerprint[1] is not None)) != task.fingerprint:
+        why = ("the tests ran with other parameters than the task's" if mine[0] != task.fingerprint[0] else
+               "pytest's hooks differ from the task's own run (a plugin was added)")
     if why is not None:
         meta.update(passed=0, failed=len(known) - errors, zero=why)
         return TestOutcome(0.0, meta)
@@ -193,7 +208,7 @@ def score_rollout(task: CodingTask, agent_ws: Path, reward_cmd: str | None, mode
             outcome = score_in_place(clean, reward_cmd, mode, limits, hidden)
         else:
             assert task.known_tests, "the task's known tests are collected when it is loaded"
-            outcome = verdict(task.known_tests, run_tests(clean, limits, hidden), mode)
+            outcome = verdict(task, run_tests(clean, limits, hidden), mode)
     finally:
         shutil.rmtree(clean, ignore_errors=True)
     if left_out:
@@ -242,8 +257,12 @@ def reference_tree(reference: Any, where: str) -> dict[str, str] | None:
     return reference
 
 
-def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) -> tuple[str, ...]:
-    """The node ids of the task's hidden tests, all passing on its reference (collected only without one)."""
+Known = tuple[tuple[str, ...], tuple[str, str | None]]
+
+
+def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) -> Known:
+    """The node ids of the task's hidden tests, all passing on its reference (collected only without
+    one), and the fingerprint of that run (`fingerprint`)."""
     key = hashlib.sha256(b"\0".join([_tree_bytes(task.workspace), _tree_bytes(task.hidden_tests),
                                      _tree_bytes(reference), RUNNER.read_bytes(), sys.version.encode(),
                                      version("pytest").encode()])).hexdigest()
@@ -251,10 +270,11 @@ def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) 
         return _known[key]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harnessrl" / "known-tests" / f"{key}.json"
     try:
-        ids = tuple(json.loads(cache.read_text())["tests"])
-        if ids and all(isinstance(i, str) for i in ids):
-            _known[key] = ids
-            return ids
+        doc = json.loads(cache.read_text())
+        ids, prints = tuple(doc["tests"]), tuple(doc["fingerprint"])
+        if ids and all(isinstance(i, str) for i in ids) and len(prints) == 2:
+            _known[key] = ids, prints
+            return _known[key]
     except (OSError, ValueError, KeyError, TypeError):
         pass
     clean, _ = clean_room(task, None, reference)
@@ -263,24 +283,24 @@ def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) 
     finally:
         shutil.rmtree(clean, ignore_errors=True)
     last = (run.output.strip().splitlines() or [""])[-1][:200]
-    if run.report is None or run.done.code != 0 or not run.report["collected"]:
+    if run.report is None or run.done.code not in (0, 1) or not run.report["collected"]:
         raise UserError(f"{where}: its hidden tests do not run on the {'reference' if reference else 'workspace'} "
                         f"(pytest exit code {run.done.code}: {last or run.status})")
     ids = tuple(run.report["collected"])
     failing = [t for t in ids if not _passed(run.report["outcomes"].get(t))] if reference is not None else []
-    if failing:
+    if failing or run.done.code != 0:
         raise UserError(f"{where}: {len(failing)} of its {len(ids)} hidden tests do not pass on its reference "
-                        f"(first: {failing[0]})")
-    _known[key] = ids
+                        f"(first: {(failing or ['?'])[0]}; {last})")
+    _known[key] = ids, fingerprint(run.report, ids, reference is not None)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"tests": list(ids)}))
+        cache.write_text(json.dumps({"tests": list(ids), "fingerprint": list(_known[key][1])}))
     except OSError:
         pass  # a read-only cache only costs the next load a run
-    return ids
+    return _known[key]
 
 
-def known_for_all(jobs: list[tuple[CodingTask, dict[str, str] | None, str]]) -> list[tuple[str, ...]]:
+def known_for_all(jobs: list[tuple[CodingTask, dict[str, str] | None, str]]) -> list[Known]:
     """`known_tests` of many tasks, a few at a time."""
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         return list(pool.map(lambda job: known_tests(*job), jobs))

@@ -38,6 +38,7 @@ class CodingTask:
     source_paths: tuple[Path, ...] = ()  # host paths of the task data, hidden from the sandbox
     solution: tuple[str, ...] = ()  # the solution surface: workspace paths the agent's version of is scored
     known_tests: tuple[str, ...] | None = None  # the hidden tests' node ids (scoring.known_tests)
+    fingerprint: tuple[str, str | None] = ("", None)  # digests of their parameters and of pytest's hooks
 
 
 @dataclass
