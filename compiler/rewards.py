@@ -31,6 +31,14 @@ def load_reward_fn(spec: str) -> RewardFn:
     return load_function(spec, "reward function")
 
 
+def reported_outcome(values: list[float]) -> float:
+    """The outcome of a rollout with several reported outcome rewards (`values` in report order):
+    the latest, as a retried or corrected grade is reported after the first. Compile counts such
+    rollouts (`several_outcomes`) and says so in its notes: a harness that may report its own
+    outcome can add one (a rollout whose outcome is its scorer's refuses the harness's, proxy.md#keys)."""
+    return float(values[-1])
+
+
 # ---- process rewards -------------------------------------------------------------------------
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {

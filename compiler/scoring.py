@@ -17,7 +17,8 @@ from sqlalchemy import select
 
 from harnessrl.compiler.matchtir import call_rewards, reference_calls, turn_rewards
 from harnessrl.compiler.reader import Reader, RolloutWork, Unit
-from harnessrl.compiler.rewards import RewardFn, call_valid, dispatch_ok, f1, observed_results, tool_format
+from harnessrl.compiler.rewards import (RewardFn, call_valid, dispatch_ok, f1, observed_results, reported_outcome,
+                                        tool_format)
 from harnessrl.records import Reward
 
 
@@ -76,10 +77,13 @@ class Scorer:
             task = self.tasks.get(w.task_id or "", {})
             if self.reward_fn is not None:
                 w.outcome, w.has_outcome = float(self.reward_fn(final_answer(w) or "", task.get("reference"))), True
+            outcomes = [value for _, kind, _, value in reported[w.id] if kind == "outcome"]
+            if outcomes and self.reward_fn is None:
+                w.outcome, w.has_outcome = reported_outcome(outcomes), True
+                if len(outcomes) > 1:
+                    w.stats["several_outcomes"] += 1  # the summary's note says which was used
             for call_id, kind, name, value in reported[w.id]:
-                if kind == "outcome" and self.reward_fn is None:
-                    w.outcome, w.has_outcome = float(value), True  # the latest report wins
-                elif kind == "process" and call_id in w.units:
+                if kind == "process" and call_id in w.units:
                     w.units[call_id].process[name] = float(value)
             if self.needs_counts:
                 for u in w.units.values():

@@ -47,6 +47,9 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
                      "and the samples (--missing-outcome zero scores them 0)")
     elif t.get("no_outcome") and o.get("missing_outcome") == "zero":
         notes.append(f"{t['no_outcome']:,} rollouts had no outcome reward: scored 0 (--missing-outcome zero)")
+    if t.get("several_outcomes"):
+        notes.append(f"{t['several_outcomes']:,} rollouts had several outcome rewards: the latest reported of each "
+                     "was used (stats.json: `outcome` per rollout)")
     if t.get("dropped_call_error"):
         notes.append(f"{t['dropped_call_error']:,} rollouts had a call refused or failed: left out of the group "
                      "statistics and the samples (--on-call-error keep keeps them)")

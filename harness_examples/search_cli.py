@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from harnessrl.cli_options import old_spelling
+from harnessrl.client import default_key
 from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import make_client, resolve_model
@@ -45,7 +46,7 @@ def prepare(proxy: str | None, corpus: Path | None, qa: Path | None, seed: int, 
 
 
 def model_name(proxy: str, model: str | None) -> str:
-    client = make_client(proxy.rstrip("/") + "/v1", "harnessrl")
+    client = make_client(proxy.rstrip("/") + "/v1", default_key(proxy) or "harnessrl")  # the operator's key
     try:
         return resolve_model(client, model)
     finally:

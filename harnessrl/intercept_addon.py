@@ -24,7 +24,7 @@ import fnmatch
 import json
 import os
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from mitmproxy import ctx, http, tls
 
@@ -58,7 +58,9 @@ def _proxy_user(headers) -> str | None:
     if scheme.lower() != "basic":
         return None
     try:
-        user = base64.b64decode(value.strip(), validate=True).decode().partition(":")[0]
+        # `user:password`, where the user may itself hold a ":" (a rollout's key `hrl-…:rk_…`)
+        # and the password ("x") does not; a client that did not decode %3A in the URL sends it as is
+        user = unquote(base64.b64decode(value.strip(), validate=True).decode().rpartition(":")[0])
     except (binascii.Error, UnicodeDecodeError):
         return None
     return user if user.startswith("hrl-") else None

@@ -20,6 +20,7 @@ from harnessrl.db import open_db
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.error_handlers import add_error_handlers
 from harnessrl.proxy.errors import ProxyError
+from harnessrl.proxy.identity import key_in_path
 from harnessrl.proxy.lifespan import Lifespan
 from harnessrl.proxy.limits import Guard
 from harnessrl.proxy.model_endpoints import ModelEndpoints
@@ -108,6 +109,8 @@ class ProxyApp:
             self._guard.own_key_check += (path.rstrip("/"),)
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "lifespan" and scope["path"].startswith("/k/"):
+            scope = key_in_path(scope)  # a rollout's base URL, its key inside (`identity.rollout_base_path`)
         if scope["type"] == "http" and scope["method"] == "POST":
             m = self._hot_path.match(scope["path"])
             if m is not None and (m["v1"] or m["kind"] in self._bare):

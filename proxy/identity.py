@@ -5,6 +5,12 @@ carries it), `X-HarnessRL-*` headers, an API key `hrl-<rollout>-<agent>` (for ha
 only let you set a URL and a key), sent as `Authorization: Bearer …` or, as the anthropic SDK
 does, `x-api-key: …`. With none, the call goes to the "unassigned" rollout.
 
+Who may do what (docs/proxy.md, "Keys"): with --api-key K, K is the operator's key and is taken on
+every route (also inside a key, `hrl-<rollout>-<agent>:K`, as before). A rollout's key,
+`hrl-<rollout>-<agent>:rk_<HMAC(K, rollout)>`, is minted by the proxy when the operator creates the
+rollout: stateless (any proxy with K checks it), it grants that rollout's model calls and the few
+rollout routes its harness may need (`check_scope`), never another rollout's nor the operator's.
+
 A call that names neither agent nor session gets an agent name from what it asks
 (`unnamed_agent`): its model and a fingerprint of its system prompt, so that one harness's
 different agents (Claude Code's main loop, its title side calls and Task sub-agents; an Agents
@@ -13,6 +19,7 @@ SDK triage agent and its workers) are told apart in the prefix index and in comp
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 from dataclasses import dataclass
@@ -58,7 +65,7 @@ def bearer(headers) -> str | None:
 
 def split_key(token: str | None, api_key: str | None) -> tuple[str | None, str | None]:
     """(rollout, agent) from an `hrl-<rollout>-<agent>` key; with a proxy --api-key K the
-    identity key is `hrl-<rollout>-<agent>:K`."""
+    identity key is `hrl-<rollout>-<agent>:K` or the rollout's own `hrl-<rollout>-<agent>:rk_…`."""
     if not token or not token.startswith(KEY_PREFIX):
         return None, None
     body = token[len(KEY_PREFIX):]
@@ -72,25 +79,103 @@ def split_key(token: str | None, api_key: str | None) -> tuple[str | None, str |
     return rollout, agent
 
 
-def check_auth(headers, api_key: str | None) -> None:
-    """With --api-key K, a client must send `Bearer K` or `Bearer hrl-<rollout>-<agent>:K` (or
-    the same as `x-api-key`)."""
+def rollout_tag(api_key: str, rollout: str) -> str:
+    """The secret part of rollout `rollout`'s key: an HMAC of its id under the operator's key."""
+    mac = hmac.new(api_key.encode(), b"harnessrl rollout key\0" + rollout.encode(), hashlib.sha256)
+    return "rk_" + mac.hexdigest()[:32]
+
+
+def rollout_key(api_key: str | None, rollout: str, agent: str) -> str:
+    """The key that grants `rollout`'s calls as `agent` (any agent of the rollout may use it: the
+    HMAC binds the rollout only). Without --api-key the proxy checks no key: the bare identity."""
+    ident = f"{KEY_PREFIX}{rollout}-{agent}"
+    return ident if api_key is None else f"{ident}:{rollout_tag(api_key, rollout)}"
+
+
+def rollout_base_path(api_key: str | None, rollout: str) -> str:
+    """A rollout's base URL path, `{agent}` to fill in. With a key, `/k/<tag>/r/<rollout>/a/{agent}/v1`:
+    the rollout's key rides in the URL (`key_in_path`), so a harness that sets only a base URL and
+    sends a key of its own ("unused", a real vendor key) still makes its rollout's calls."""
+    path = f"/r/{rollout}/a/{{agent}}/v1"
+    return path if api_key is None else f"/k/{rollout_tag(api_key, rollout)}{path}"
+
+
+_KEYED = re.compile(r"^/k/(?P<tag>[^/]+)(?P<rest>/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+)/.*)$")
+
+
+def key_in_path(scope: dict) -> dict:
+    """The ASGI scope of a request to `/k/<tag>/r/<rollout>/a/<agent>/...` (`rollout_base_path`)
+    as if sent to `/r/<rollout>/a/<agent>/...` with the key `hrl-<rollout>-<agent>:<tag>` (any key
+    of its own dropped); any other scope as it is. The key is then checked like any other."""
+    m = _KEYED.match(scope["path"])
+    if m is None:
+        return scope
+    key = f"Bearer {KEY_PREFIX}{m['rollout']}-{m['agent']}:{m['tag']}".encode()
+    headers = [(k, v) for k, v in scope["headers"] if k not in (b"authorization", b"x-api-key")]
+    return {**scope, "path": m["rest"], "raw_path": m["rest"].encode(), "headers": [*headers, (b"authorization", key)]}
+
+
+_WRONG = False  # `_key_scope` of a key that is neither the operator's nor a rollout's
+
+
+@lru_cache(maxsize=4096)
+def _key_scope(token: str, api_key: str) -> str | None | bool:
+    # cached: the same key comes call after call, and the HMAC is ~2 µs of the hot path
+    if hmac.compare_digest(token.encode(), api_key.encode()):
+        return None
+    if token.startswith(KEY_PREFIX):
+        body, sep, tag = token[len(KEY_PREFIX):].rpartition(":")
+        if sep:
+            if hmac.compare_digest(tag.encode(), api_key.encode()):
+                return None  # `hrl-<rollout>-<agent>:K`: the operator naming an identity
+            rollout = body.partition("-")[0]
+            if rollout and hmac.compare_digest(tag.encode(), rollout_tag(api_key, rollout).encode()):
+                return rollout
+    return _WRONG
+
+
+def check_auth(headers, api_key: str | None) -> str | None:
+    """The scope of the request's key: None for the operator (the proxy's --api-key K, sent as
+    itself or as `hrl-<rollout>-<agent>:K`; or any request when the proxy has no key), else the
+    rollout whose key it is. 401 for a missing or wrong key."""
     if api_key is None:
-        return
-    token = bearer(headers) or ""
-    if token.startswith(KEY_PREFIX) and ":" in token:
-        token = token.rpartition(":")[2]
-    if not hmac.compare_digest(token.encode(), api_key.encode()):
+        return None
+    scope = _key_scope(bearer(headers) or "", api_key)
+    if scope is _WRONG:
         raise ProxyError(401, "missing or wrong API key", "authentication_error", code="invalid_api_key")
+    return scope  # type: ignore[return-value]
+
+
+def check_scope(scope: str | None, rollout: str) -> None:
+    """403 unless a request with key scope `scope` may act for `rollout` (the ids are checked ones)."""
+    if scope is not None and scope != rollout:
+        raise ProxyError(403, f"this key is rollout {scope!r}'s: it grants that rollout's calls only, not "
+                              f"rollout {rollout!r}'s", "permission_error", code="rollout_key_scope")
+
+
+def operator_only(headers, api_key: str | None) -> None:
+    """401 for a wrong key, 403 for a rollout's key: the route is the operator's."""
+    if check_auth(headers, api_key) is not None:
+        raise ProxyError(403, "this route needs the proxy's operator key (--api-key): a rollout's key grants "
+                              "its own model calls only", "permission_error", code="operator_key_required")
 
 
 def key_required(api_key: str | None):
-    """The FastAPI dependency of the rollout and weights APIs: the key checked as on the hot path."""
+    """The FastAPI dependency of the operator's routes (create and list rollouts, weights)."""
 
     def auth(request: Request) -> None:
-        check_auth(request.headers, api_key)
+        operator_only(request.headers, api_key)
 
     return Depends(auth)
+
+
+def key_scope(api_key: str | None):
+    """The FastAPI dependency of the routes a rollout's key may also call: the key's scope."""
+
+    def scope(request: Request) -> str | None:
+        return check_auth(request.headers, api_key)
+
+    return Depends(scope)
 
 
 def identify(path_params: dict, headers, api_key: str | None) -> Identity:

@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.errors import ProxyError, error_response
-from harnessrl.proxy.identity import Identity, check_auth, identify, reader_scope
+from harnessrl.proxy.identity import Identity, check_auth, check_scope, identify, reader_scope
 from harnessrl.proxy.lifespan import Lifespan
 from harnessrl.proxy.limits import read_body
 from harnessrl.proxy.logs import call_id as current_call
@@ -55,8 +55,9 @@ class ModelEndpoints:
         admitted, t0 = False, time.perf_counter()
         serving = self.running.serving
         try:
-            check_auth(headers, self.cfg.api_key)
+            granted = check_auth(headers, self.cfg.api_key)
             ident = identify(path_params, headers, self.cfg.api_key)
+            check_scope(granted, ident.rollout)  # a rollout's key: its own rollout's calls only
             await self.statuses.check(ident.rollout)  # first: a finished rollout's call costs no body read
             admitted = True  # from here on a refusal is recorded in the rollout (`refusals`)
             body = parse_json(await read_body(headers, receive, self.cfg.max_body_bytes))

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from harnessrl.proxy.errors import ProxyError, error_response
-from harnessrl.proxy.identity import check_auth
+from harnessrl.proxy.identity import operator_only
 from harnessrl.proxy.lifespan import Lifespan
 from harnessrl.proxy.prometheus import ProxyMetrics
 
@@ -68,7 +68,7 @@ def add_metrics(app: FastAPI, api_key: str | None, metrics: ProxyMetrics) -> Non
     @app.get("/metrics")
     def prometheus(request: Request) -> Response:
         try:
-            check_auth(request.headers, api_key)
+            operator_only(request.headers, api_key)  # rollouts' traffic of every rollout: the operator's
         except ProxyError as err:
             return error_response(err)
         body, content_type = metrics.render()

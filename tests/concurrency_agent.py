@@ -33,7 +33,7 @@ def main() -> int:
     a = p.parse_args()
     task = json.loads(Path(a.task).read_text())
     rollout = os.environ["HARNESSRL_ROLLOUT"]
-    key = os.environ.get("HARNESSRL_PROXY_API_KEY")
+    key = os.environ.get("HARNESSRL_KEY")  # its rollout's own key (`harnessrl run`)
     run = httpx.get(f"{os.environ['HARNESSRL_PROXY']}/harnessrl/rollouts/{rollout}",
                     headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=60).json()["run"]
     mine = a.markers / run

@@ -50,8 +50,12 @@ def _post(client: httpx.Client, url: str, payload: dict | None = None) -> httpx.
 
 
 def is_proxy(url: str, timeout: float = 10.0) -> bool:
+    from harnessrl.client import default_key
+
+    key = default_key(url)  # the proxy's operator key (its rollout list is the operator's)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        return httpx.get(f"{url.rstrip('/')}/harnessrl/rollouts", timeout=timeout).status_code == 200
+        return httpx.get(f"{url.rstrip('/')}/harnessrl/rollouts", headers=headers, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         raise UserError(f"push failed: cannot reach {url}") from None
 

@@ -50,7 +50,7 @@ def run_rollout(hrl: HarnessRL | str, task: BfclTask, cfg: BfclConfig | None = N
     error = None
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "bfcl_multiturn"}) as ro:
-        client = make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent")
+        client = make_client(ro.base_url("agent"), ro.api_key("agent"))
         messages: list[dict] = [{"role": "system", "content": SYSTEM}]
         try:
             model = resolve_model(client, cfg.model)

@@ -56,8 +56,8 @@ def build_graph(llm, env: SearchEnv):
     return graph.compile()
 
 
-def served_model(base_url: str) -> str:
-    client = make_client(base_url, "harnessrl")
+def served_model(base_url: str, api_key: str) -> str:
+    client = make_client(base_url, api_key)
     try:
         return resolve_model(client, None)
     finally:
@@ -75,8 +75,8 @@ def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: LangGraphCo
     cfg = cfg or LangGraphConfig()
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "langgraph_search"}) as ro:
-        model = cfg.model or served_model(ro.base_url("agent"))
-        llm = ChatOpenAI(base_url=ro.base_url("agent"), api_key=f"hrl-{ro.id}-agent", model=model,
+        model = cfg.model or served_model(ro.base_url("agent"), ro.api_key("agent"))
+        llm = ChatOpenAI(base_url=ro.base_url("agent"), api_key=ro.api_key("agent"), model=model,
                          max_tokens=cfg.max_tokens, temperature=cfg.temperature, max_retries=0)
         graph = build_graph(llm, env)
         answer, error, messages = "", None, []

@@ -29,7 +29,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[str, str], task: LookupTask, c
 
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "lookup"}) as ro:
-        with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
+        with make_client(ro.base_url("agent"), ro.api_key("agent")) as client:
             answer, error, counts = tool_loop(client, cfg.model, task.messages(), [LOOKUP_TOOL], {"lookup": lookup},
                                               max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
                                               temperature=cfg.temperature)

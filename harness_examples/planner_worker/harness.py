@@ -87,7 +87,7 @@ class _Episode:
         headers = {"X-HarnessRL-Session": f"worker-{self.workers}"}
         if parent_call:
             headers["X-HarnessRL-Parent-Call"] = parent_call
-        client = make_client(self.ro.base_url("worker"), f"hrl-{self.ro.id}-worker", headers)
+        client = make_client(self.ro.base_url("worker"), self.ro.api_key("worker"), headers)
         messages = [
             {"role": "system", "content": WORKER_SYSTEM},
             {"role": "user", "content": f"User query recap: {self.task.question}\n\nYour sub-task: {sub_task}"},
@@ -111,7 +111,7 @@ class _Episode:
         return summary or "The search agent found nothing."
 
     def run(self) -> str:
-        client = make_client(self.ro.base_url("planner"), f"hrl-{self.ro.id}-planner",
+        client = make_client(self.ro.base_url("planner"), self.ro.api_key("planner"),
                              {"X-HarnessRL-Session": "planner"})
         messages = [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": self.task.question}]
         try:

@@ -33,7 +33,7 @@ def run_rollout(hrl: HarnessRL | str, env: SearchEnv, task: QA, cfg: ReactConfig
     with harnessrl_client(hrl) as hrl_client, hrl_client.rollout(
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "react"}) as ro:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.question}]
-        with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
+        with make_client(ro.base_url("agent"), ro.api_key("agent")) as client:
             answer, error, counts = tool_loop(client, cfg.model, messages, [SEARCH_TOOL, CALCULATOR_TOOL], tools,
                                               max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
                                               temperature=cfg.temperature)

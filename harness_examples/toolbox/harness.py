@@ -48,7 +48,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
         counts = {"tool_calls": 0, "tool_errors": 0, "worker_calls": 0}
         tried: list[tuple[str, str]] = []  # (item, attribute) of every attribute tool call made
         if not task.delegate:
-            with make_client(ro.base_url("agent"), f"hrl-{ro.id}-agent") as client:
+            with make_client(ro.base_url("agent"), ro.api_key("agent")) as client:
                 answer, error, c = tool_loop(client, cfg.model, task.messages(), task.tools, _tools(table, tried),
                                              **loop)
             counts.update(c)
@@ -56,7 +56,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
             def ask_worker(question: str) -> str:
                 counts["worker_calls"] += 1
                 messages = [task.worker_messages()[0], {"role": "user", "content": question}]
-                with make_client(ro.base_url("worker"), f"hrl-{ro.id}-worker",
+                with make_client(ro.base_url("worker"), ro.api_key("worker"),
                                  {"X-HarnessRL-Session": f"worker-{counts['worker_calls']}"}) as worker:
                     reply, _, c = tool_loop(worker, cfg.model, messages, task.worker_tools, _tools(table, tried),
                                             **loop)
@@ -67,7 +67,7 @@ def run_rollout(hrl: HarnessRL | str, table: dict[tuple[str, str], str], task: T
                     raise ValueError("the worker found no answer")
                 return reply
 
-            with make_client(ro.base_url("planner"), f"hrl-{ro.id}-planner", {"X-HarnessRL-Session": "planner"}) as client:
+            with make_client(ro.base_url("planner"), ro.api_key("planner"), {"X-HarnessRL-Session": "planner"}) as client:
                 answer, error, c = tool_loop(client, cfg.model, task.messages(), task.tools,
                                              {"ask_worker": ask_worker}, **loop)
             counts["tool_calls"] += c["tool_calls"]

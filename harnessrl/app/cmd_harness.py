@@ -11,6 +11,8 @@ the outcome is `--reward-from` (exit-code | stdout-json | file: a file per rollo
 $HARNESSRL_REWARD_FILE), else whatever outcome reward the program reported itself
 (`$HARNESSRL_ROLLOUT`, `harnessrl reward`), and a compile-time `--reward` scores it against the
 task's reference either way. Everything a rollout needs is made inside `run`, where it runs (a Ray node).
+The program holds its rollout's own key only (`run_cmd`); with `--reward-from` or a coding task
+the outcome is the scorer's, and that key cannot set it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, split_tasks
 from harnessrl.app.intercept import InterceptConfig, Interceptor, start_intercept
 from harnessrl.app.limited_run import RolloutFlags, coding_task, limits_for
-from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, proxy_key, run_in_rollout
+from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, run_in_rollout
 from harnessrl.app.sandbox import ROOT
 from harnessrl.client import HarnessRL, Rollout
 from harnessrl.errors import UserError
@@ -72,7 +74,9 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
             return
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / "mitmdump.log", "a") as log, \
-                start_intercept(InterceptConfig(proxy=proxy_url, port=0, proxy_key=proxy_key()), log=log) as icpt:
+                start_intercept(InterceptConfig(proxy=proxy_url, port=0), log=log) as icpt:
+            # no key of its own: a call counts only with its rollout's key (in the proxy URL's
+            # username, `Interceptor.env`), so one rollout cannot pass for another through it
             held_icpt.append(icpt)
             try:
                 yield
@@ -98,7 +102,7 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
                           coding=coding.get(task.id), reward_cmd=flags.reward_cmd, reward_mode=flags.reward_mode,
                           readable=(task_dir,))
         try:
-            with HarnessRL(url, api_key=proxy_key()) as client, open(log_path, "w") as log:
+            with HarnessRL(url) as client, open(log_path, "w") as log:  # the operator's key (`default_key`)
                 result = run_in_rollout(client, command, opts, held_icpt[0] if held_icpt else None, stdout=log,
                                         extra_env={"HARNESSRL_TEMPERATURE": f"{temperature:g}"})
                 outcome = result.outcome

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from harnessrl.app.harnesses import HarnessTasks, Runner
-from harnessrl.app.run_cmd import proxy_key
 from harnessrl.client import HarnessRL
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import RolloutResult
@@ -107,7 +106,7 @@ def settle(url: str, run_tag: str, results: list[Any]) -> int:
     ids = counted(results)
     keep = set(ids or ())
     n = 0
-    with HarnessRL(url, api_key=proxy_key()) as client:
+    with HarnessRL(url) as client:  # the operator's key (`client.default_key`)
         for ro in client.list_rollouts(run=run_tag):
             if ro["id"] in keep or ro["status"] == "failed" or (ids is None and ro["status"] != "running"):
                 continue

@@ -85,7 +85,9 @@ class InterceptConfig:
     only_llm: bool = False
     mitmdump: str | None = None
     ca_dir: Path | None = None
-    proxy_key: str | None = None  # the recording proxy's --api-key
+    # the key of calls that carry no identity, and added to one that carries no key of its own:
+    # the recording proxy's --api-key for `harnessrl intercept`; a rollout's own key under `run`
+    proxy_key: str | None = None
 
 
 @dataclass
@@ -150,7 +152,8 @@ def start_intercept(cfg: InterceptConfig, log: IO | None = None, quiet: bool = T
     binary = find_mitmdump(cfg.mitmdump)
     confdir = ca_dir(cfg.ca_dir)
     port = cfg.port or _free_port()
-    env = dict(os.environ)
+    # the key is the one given (under `run`/`loop`: a rollout's, or none), never one inherited
+    env = {k: v for k, v in os.environ.items() if k != "HARNESSRL_PROXY_API_KEY"}
     if cfg.proxy_key:
         env["HARNESSRL_PROXY_API_KEY"] = cfg.proxy_key
     proc = subprocess.Popen(mitmdump_argv(binary, cfg, port, confdir, quiet), stdin=subprocess.DEVNULL,

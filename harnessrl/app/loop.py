@@ -34,12 +34,13 @@ from harnessrl.algorithms import get_algorithm
 from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, settle
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
 from harnessrl.app.loop_config import LoopConfig, Teacher
+from harnessrl.app.run_cmd import owned_proxy  # a key only this process holds (rollouts get their own)
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
 from harnessrl.console import Console
 from harnessrl.errors import UserError
-from harnessrl.proxy.server import ProxyConfig, run_proxy
+from harnessrl.proxy.server import ProxyConfig
 from harnessrl.trainer.capo_partition import build_partition, write_outputs
 from harnessrl.trainer.config import TrainConfig, config_dict, load_config
 from harnessrl.trainer.data import load_samples
@@ -177,7 +178,7 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
         state.save(state_path)
         state.teacher = _teacher_round(cfg, ex, cfg.teacher, h, db, state, f"teacher-a{state.attempts}", console)
         state.save(state_path)
-    with run_proxy(_proxy_config(cfg, db, state, ex.proxy_host)) as proxy, \
+    with owned_proxy(_proxy_config(cfg, db, state, ex.proxy_host)) as proxy, \
             (h.around(proxy.url) if h.around else nullcontext()):
         if interrupted:
             _fail_interrupted(proxy.url, len(state.rounds), interrupted)
@@ -269,7 +270,7 @@ def _teacher_round(cfg: LoopConfig, ex: Executor, t: Teacher, h: HarnessTasks, d
     """The training tasks through the teacher; its best rollouts as traces; SFT on them."""
     teacher = ProxyConfig(db=db, upstream=t.url, upstream_api_key=t.key, upstream_dialect=t.dialect,
                           upstream_model=t.model, upstream_ca=t.ca, port=0, host=ex.proxy_host)
-    with run_proxy(teacher) as proxy, (h.around(proxy.url) if h.around else nullcontext()):
+    with owned_proxy(teacher) as proxy, (h.around(proxy.url) if h.around else nullcontext()):
         results = _rollouts(ex, h, proxy.url, h.train, 1, tag, 0.0, "teacher round")
     traces, stats = collect(db, run=tag, min_reward=t.min_reward)
     write_db(db, traces)

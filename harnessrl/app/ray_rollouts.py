@@ -10,6 +10,10 @@ the rollout its first attempt had made is left unfinished and `executors.settle`
 the batch. A task still out at its deadline is cancelled (its worker killed) and counted as
 failed, like one whose retries ran out. The deadline runs from the task's submission: with
 `--concurrency` above the cluster's CPUs, time queued in Ray counts too.
+
+The driver's operator key for the proxy (made by the loop's embedded proxy, `run_cmd.owned_proxy`)
+goes to the tasks as an argument, held in the worker's memory for the runner's client; the
+rollout's program gets its rollout's own key only, as under the local executor.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ from rich.progress import Progress
 
 from harnessrl.app.executors import Job, lost
 from harnessrl.app.harnesses import Runner
+from harnessrl.client import default_key, remember_key
 from harnessrl.errors import UserError
 
 RETRIES = 3  # runs of a task after its node or worker died (Ray's default for tasks)
 
 
-def _run_job(runner: Runner, url: str, job: Job) -> Any:
-    """The Ray task: one rollout, on whichever node Ray placed it."""
+def _run_job(runner: Runner, url: str, key: str | None, job: Job) -> Any:
+    """The Ray task: one rollout, on whichever node Ray placed it; `key`: the driver's operator key."""
+    if key:
+        remember_key(url, key)
     return job.run(runner, url)
 
 
@@ -71,13 +78,14 @@ class RayExecutor:
         ray = self._ray
         results: list[Any] = [None] * len(jobs)
         runner_ref = ray.put(runner)  # shipped to the object store once, not with every task
+        key_ref = ray.put(default_key(url))
         pending: dict[Any, tuple[int, float]] = {}  # task ref -> (job index, when it was submitted)
         waiting = iter(range(len(jobs)))
         with Progress(transient=True) as progress:
             bar = progress.add_task(label, total=len(jobs))
             while True:
                 while len(pending) < self.concurrency and (i := next(waiting, None)) is not None:
-                    pending[self._task.remote(runner_ref, url, jobs[i])] = (i, time.monotonic())
+                    pending[self._task.remote(runner_ref, url, key_ref, jobs[i])] = (i, time.monotonic())
                 if not pending:
                     break
                 wait = None

@@ -6,12 +6,17 @@ is taken from the program (`--reward-from`) and the rollout is finished. Without
 source, `harnessrl run` leaves the rollout running for its outcome: a finished rollout takes no
 more rewards, so `harnessrl reward ROLLOUT VALUE` records the outcome and then finishes it.
 `loop --cmd` runs each of its rollouts through `run_in_rollout` too.
+
+The command gets its rollout's own key, never the operator's: a program under training could
+otherwise list, score and finish any rollout. When the outcome is taken here (`--reward-from`, a
+coding task's tests), the rollout is created `outcome_by: scorer`, so that key cannot set it either.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -26,11 +31,13 @@ from harnessrl.app.codex_home import KEY_ENV, codex_home
 from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
 from harnessrl.app.sandbox import Limits
 from harnessrl.app.workspace import CodingTask
-from harnessrl.client import HarnessRL, HarnessRLError, Rollout
+from harnessrl.client import OPERATOR_KEY_ENV, HarnessRL, HarnessRLError, Rollout, forget_key, remember_key
 from harnessrl.console import Console
 from harnessrl.errors import UserError
 
 REWARD_SOURCES = ("exit-code", "stdout-json")  # or a file path
+# the operator's keys (the proxy's, the viewer's): never in a rollout's environment
+OPERATOR_ENV = (OPERATOR_KEY_ENV, "HARNESSRL_UI_API_KEY")
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
@@ -61,29 +68,50 @@ class RunResult:
 
 
 def proxy_key() -> str | None:
-    return os.environ.get("HARNESSRL_PROXY_API_KEY") or None
+    return os.environ.get(OPERATOR_KEY_ENV) or None
+
+
+@contextmanager
+def owned_proxy(cfg) -> Iterator:
+    """`run_proxy(cfg)` for an embedded proxy: with no key given (--api-key, $HARNESSRL_PROXY_API_KEY),
+    one made here, so that only this process (which holds it, `remember_key`) can create, list,
+    score and finish rollouts, and each rollout's key is checked."""
+    from harnessrl.proxy.server import run_proxy
+
+    cfg.api_key = cfg.api_key or proxy_key() or secrets.token_urlsafe(32)
+    with run_proxy(cfg) as proxy:
+        remember_key(proxy.url, cfg.api_key)
+        try:
+            yield proxy
+        finally:
+            forget_key(proxy.url)
+
+
+def command_env(base: dict[str, str]) -> dict[str, str]:
+    """`base` less the operator's keys."""
+    return {k: v for k, v in base.items() if k not in OPERATOR_ENV}
 
 
 def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Interceptor | None) -> dict[str, str]:
-    """What the command gets on top of this environment. Its own API keys are left alone (with
-    interception they never leave mitmdump); where it has none, the rollout's `hrl-` key, which
-    is also in HARNESSRL_KEY (what the Codex provider of `codex_home` sends)."""
+    """What the command gets on top of this environment (less the operator's keys, `command_env`).
+    Its own API keys are left alone with interception (they never leave mitmdump); otherwise, and
+    where it has none, the rollout's own key, which is also in HARNESSRL_KEY (what the Codex
+    provider of `codex_home` sends, and `harnessrl reward` inside the rollout)."""
     base = ro.base_url(agent)
-    identity = f"hrl-{ro.id}-{agent}"
-    key = identity + (f":{proxy_key()}" if proxy_key() else "")
+    key = ro.api_key(agent)
     # ANTHROPIC_BASE_URL without /v1: the official SDKs append /v1/messages, the Vercel AI SDK
     # (OpenCode) appends /messages, and the proxy serves both paths
     env = {"HARNESSRL_PROXY": proxy_url, "HARNESSRL_ROLLOUT": ro.id, "HARNESSRL_AGENT": agent,
            "HARNESSRL_BASE_URL": base, KEY_ENV: key, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
            "ANTHROPIC_BASE_URL": base.removesuffix("/v1")}
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
-        if not os.environ.get(name):
-            env[name] = key
+        if interceptor is None or not os.environ.get(name):
+            env[name] = key  # (without interception its own key would reach the proxy: refused)
     if not os.environ.get("MSWEA_COST_TRACKING"):
         # mini-swe-agent stops on a model litellm has no price for, as a model behind the proxy usually is
         env["MSWEA_COST_TRACKING"] = "ignore_errors"
     if interceptor is not None:
-        env.update(interceptor.env(identity))
+        env.update(interceptor.env(key))
     return env
 
 
@@ -155,7 +183,8 @@ def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout],
     function that starts one for this rollout. `keep_open`: a rollout whose command ran to its end
     stays running (its outcome comes later)."""
     check_reward_from(opts.reward_from)
-    ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata)
+    scored = opts.reward_from is not None or opts.coding is not None
+    ro = client.create_rollout(opts.task, opts.group, opts.run, opts.metadata, "scorer" if scored else "harness")
     if on_created is not None:
         on_created(ro)
     try:
@@ -177,7 +206,7 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
                    stdout: IO | None, extra_env: dict[str, str] | None) -> RunResult:
     if callable(cmd):
         cmd = cmd(ro)
-    env = {**os.environ, **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
+    env = {**command_env(dict(os.environ)), **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
     with codex_home(ro.base_url(opts.agent), env) as home:
         env["CODEX_HOME"] = str(home)  # Codex ignores OPENAI_BASE_URL: a provider config instead
         if opts.limits is not None:
@@ -221,21 +250,21 @@ def proxy_for(url: str | None, model: Path | None, db: str,
         yield url.rstrip("/")
         return
     if teacher is not None:
-        from harnessrl.proxy.server import ProxyConfig, run_proxy
+        from harnessrl.proxy.server import ProxyConfig
 
         t_url, key, dialect, name = teacher
-        with run_proxy(ProxyConfig(db=db, upstream=t_url, upstream_api_key=key, upstream_dialect=dialect,
-                                   upstream_model=name, port=0)) as proxy:
+        with owned_proxy(ProxyConfig(db=db, upstream=t_url, upstream_api_key=key, upstream_dialect=dialect,
+                                     upstream_model=name, port=0)) as proxy:
             yield proxy.url
         return
     if model is None:
         raise UserError("give --proxy URL (a running harnessrl proxy) or --model DIR (start one here, recording to --db)")
     from transformers.utils import logging as hf_logging
 
-    from harnessrl.proxy.server import ProxyConfig, run_proxy
+    from harnessrl.proxy.server import ProxyConfig
 
     hf_logging.disable_progress_bar()  # stderr is the command's: no weight-loading bar in it
-    with run_proxy(ProxyConfig(db=db, backend="local", model=str(model), port=0)) as proxy:
+    with owned_proxy(ProxyConfig(db=db, backend="local", model=str(model), port=0)) as proxy:
         yield proxy.url
 
 
@@ -254,10 +283,11 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
 
             def starter(ro: Rollout) -> AbstractContextManager[Interceptor]:
                 # the rollout is also mitmdump's default identity, for clients that drop the proxy URL's username
-                return start_intercept(replace(intercept, proxy=url, proxy_key=proxy_key(), rollout=ro.id,
-                                               agent=opts.agent), log=log)
+                # its key for calls that name no identity: the rollout's own, never the operator's
+                return start_intercept(replace(intercept, proxy=url, proxy_key=ro.api_key(opts.agent),
+                                               rollout=ro.id, agent=opts.agent), log=log)
         url = stack.enter_context(proxy_for(proxy, model, db, teacher))
-        client = stack.enter_context(HarnessRL(url, api_key=proxy_key()))
+        client = stack.enter_context(HarnessRL(url))  # the operator's key (`client.default_key`)
         try:
             result = run_in_rollout(client, argv, opts, starter,
                                     on_created=lambda ro: _err.print(f"harnessrl run: rollout {ro.id}"),
@@ -277,8 +307,9 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
 
 
 def report_reward(proxy: str, rollout: str, value: float, name: str, finish: bool = True) -> None:
-    """`harnessrl reward ROLLOUT VALUE`: the outcome, then (unless `finish` is off) the finish."""
-    with HarnessRL(proxy, api_key=proxy_key()) as client:
+    """`harnessrl reward ROLLOUT VALUE`: the outcome, then (unless `finish` is off) the finish; with
+    the operator's key, or inside a rollout its own ($HARNESSRL_KEY, `client.default_key`)."""
+    with HarnessRL(proxy) as client:
         try:
             client.reward(rollout, value, name)
             if finish:

@@ -5,7 +5,7 @@ endpoints check their bodies by hand instead (`validate.py`)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator
 
@@ -16,6 +16,10 @@ class CreateRollout(BaseModel):
     group_id: str | None = None
     run: str | None = None
     metadata: dict[str, Any] | None = None
+    # who reports the outcome: "scorer" (tests, a reward command, an exit code: whoever created the
+    # rollout) refuses an outcome, process reward or finish posted with the rollout's own key, so
+    # its harness cannot set the reward it is trained on; kept as metadata["outcome_by"]
+    outcome_by: Literal["harness", "scorer"] | None = None
 
 
 class FinishIn(BaseModel):

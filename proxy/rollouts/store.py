@@ -72,15 +72,27 @@ class Rollouts:
             return self.status(rollout_id)
         return "running"
 
-    def outcome(self, rollout_id: str, value: float, name: str, meta: dict | None) -> int:
-        return self._reward(rollout_id, None, "outcome", name, value, meta)
+    def outcome_by(self, rollout_id: str) -> str | None:
+        """Who reports the rollout's outcome (`metadata.outcome_by`, set at its creation): "scorer"
+        refuses the rollout's own key an outcome (`api`)."""
+        with self.Session() as s:
+            meta = s.scalar(select(Rollout.meta).where(Rollout.id == rollout_id))
+        value = meta.get("outcome_by") if isinstance(meta, dict) else None
+        return value if isinstance(value, str) else None
 
-    def process(self, call_id: str, value: float, name: str, meta: dict | None) -> int:
+    def rollout_of(self, call_id: str) -> str:
+        """The rollout of call `call_id` (404 if there is no such call)."""
         with self.Session() as s:
             rollout_id = s.scalar(select(Call.rollout_id).where(Call.id == call_id))
         if rollout_id is None:
             raise _not_found("call", call_id)
-        return self._reward(rollout_id, call_id, "process", name, value, meta)
+        return rollout_id
+
+    def outcome(self, rollout_id: str, value: float, name: str, meta: dict | None) -> int:
+        return self._reward(rollout_id, None, "outcome", name, value, meta)
+
+    def process(self, call_id: str, value: float, name: str, meta: dict | None) -> int:
+        return self._reward(self.rollout_of(call_id), call_id, "process", name, value, meta)
 
     def _reward(self, rollout_id: str, call_id: str | None, kind: str, name: str, value: float,
                 meta: dict | None) -> int:

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from harnessrl.proxy.surfaces.anthropic import wire as anthropic_wire
 from harnessrl.proxy.surfaces.anthropic.request import translate
 from harnessrl.proxy.errors import BackendRejected, ProxyError, error_response
-from harnessrl.proxy.identity import check_auth, identify, reader_scope
+from harnessrl.proxy.identity import check_auth, check_scope, identify, reader_scope
 from harnessrl.proxy.surfaces.responses.stored import StoredCalls
 from harnessrl.proxy.validate import parse_json
 
@@ -47,8 +47,9 @@ def add_surface_routes(app: FastAPI, api_key: str | None, route: Callable[[], An
 
     async def get_response(request: Request) -> Response:
         try:
-            check_auth(request.headers, api_key)
+            key_scope = check_auth(request.headers, api_key)
             ident = identify(request.path_params, request.headers, api_key)
+            check_scope(key_scope, ident.rollout)
             scope = reader_scope(ident, request.headers, api_key)
             return _json(await stored.response(request.path_params["response_id"], scope))
         except ProxyError as err:

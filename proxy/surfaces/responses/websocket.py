@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect
 
 from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.errors import ProxyError, bad_request, error_body
-from harnessrl.proxy.identity import check_auth, identify, reader_scope
+from harnessrl.proxy.identity import check_auth, check_scope, identify, reader_scope
 from harnessrl.proxy.protocol import Request
 from harnessrl.proxy.surfaces.responses.request import CONTEXT_NOTE, LOADED_NOTE, resolve
 from harnessrl.proxy.surfaces.responses.wire import ResponsesWire
@@ -86,8 +86,9 @@ class ResponsesSocket:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            check_auth(headers, self.api_key)
+            granted = check_auth(headers, self.api_key)
             ident = identify(path_params, headers, self.api_key)
+            check_scope(granted, ident.rollout)
         except ProxyError as err:
             await _deny(scope, send, err)
             return
