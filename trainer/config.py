@@ -95,7 +95,10 @@ class TrainConfig:
     capo_units: str = "heads_mlp"  # heads_mlp: attention heads and MLP units of every layer; mlp: MLP units only
     # shared: parameters in neither partition get both types' gradient; leak: they get γ of each (the earlier rule)
     capo_remainder: str = "shared"
-    capo_gamma: float = 0.1  # leak of each type's gradient into the other's partition (bench/capo_gamma.py)
+    # leak of each type's gradient into the other type's partition. 0: bench/capo_gamma.py measures each
+    # type keeping ≥ 93 % of its layer gradient norm at γ = 0 (ρ 0.1–0.5, shared remainder): the
+    # strongest separation that keeps ≥ 90 % (docs/methods.md §6.2)
+    capo_gamma: float = 0.0
     capo_other: bool = True  # L_other on reasoning/format tokens with full-parameter gradient
     # the KL reference model (None: the model as at this run's start); `loop` passes its initial model
     ref_model: str | None = None
