@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.harness_examples.coding.tasks import generate
+from harnessrl.harness_examples.coding.tasks import generate, write
 from harnessrl.harness_examples.coding.templates import TEMPLATES
 from harnessrl.tasks_file import read_tasks
 
@@ -52,6 +52,20 @@ def test_without_its_salt_the_seed_does_not_replay_the_tasks():
     assert generate(4, 2, seed=0) != generate(4, 2, seed=0)  # no salt: a fresh one each call
 
 
+def test_an_object_equal_to_everything_fails_the_generated_tests(tmp_path):
+    """The AlwaysEqual hack: a return value whose __eq__ says True to any expected value."""
+    [row], _ = generate(1, 0, seed=2, salt="")
+    _lay(row["workspace"], tmp_path)
+    _lay(row["hidden_tests"], tmp_path)
+    [(path, text)] = row["reference"].items()
+    fn = text.split("def ", 1)[1].split("(", 1)[0]
+    (tmp_path / path).write_text(f"class Any:\n    def __eq__(self, other):\n        return True\n\n\n"
+                                 f"def {fn}(*args):\n    return Any()\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "hidden_tests"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and " passed" not in done.stdout.splitlines()[-1], done.stdout[-800:]
+
+
 @pytest.mark.slow  # 24 pytest runs: ~40 s on an idle core
 def test_every_task_fails_as_given_and_passes_with_its_reference(tmp_path):
     train, _ = generate(len(TEMPLATES), 0, seed=1, salt="")  # every template once, the kinds alternating
@@ -67,20 +81,20 @@ def test_every_task_fails_as_given_and_passes_with_its_reference(tmp_path):
 
 def test_the_tasks_coding_command_writes_a_tasks_file(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harnessrl", "tasks", "coding", "--out", str(tmp_path),
-                           "--n-train", "6", "--n-eval", "2"], capture_output=True, text=True, timeout=60)
+                           "--n-train", "6", "--n-eval", "2"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--eval-fraction 0.25" in done.stdout
     rows = read_tasks(tmp_path / "coding.jsonl")
     assert [r.id for r in rows][-2:] == ["coding-eval-0000", "coding-eval-0001"]
     assert all(isinstance(r.workspace, dict) and isinstance(r.hidden_tests, dict) for r in rows)
-    again = tmp_path / "again"
-    salted = [subprocess.run([sys.executable, "-m", "harnessrl", "tasks", "coding", "--out", str(again / name),
-                              "--n-train", "2", "--n-eval", "1", *salt], capture_output=True, text=True, timeout=60)
-              for name, salt in (("a", ["--salt", "q7-salt"]), ("b", ["--salt", "q7-salt"]), ("c", []))]
-    assert [d.returncode for d in salted] == [0, 0, 0]
-    text = {name: (again / name / "coding.jsonl").read_text() for name in "abc"}
-    assert text["a"] == text["b"] != text["c"]  # the salt given: the same tasks; none: a fresh salt
-    assert not any("q7-salt" in p.read_text() for p in again.rglob("*") if p.is_file())  # kept nowhere
+    salted = subprocess.run([sys.executable, "-m", "harnessrl", "tasks", "coding", "--out", str(tmp_path / "a"),
+                             "--n-train", "2", "--n-eval", "1", "--salt", "q7-salt"],
+                            capture_output=True, text=True, timeout=120)
+    assert salted.returncode == 0, salted.stderr
+    text = (tmp_path / "a" / "coding.jsonl").read_text()
+    assert text == write(tmp_path / "b", 2, 1, 0, "q7-salt")["all"].read_text()  # the salt given: the same tasks
+    assert text != write(tmp_path / "c", 2, 1, 0)["all"].read_text()  # none: a fresh salt
+    assert not any("q7-salt" in p.read_text() for p in (tmp_path / "a").iterdir())  # kept nowhere
     bad = subprocess.run([sys.executable, "-m", "harnessrl", "tasks", "coding", "--out", str(tmp_path),
                           "--n-train", "0", "--n-eval", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --n-train")

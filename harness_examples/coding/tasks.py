@@ -47,11 +47,27 @@ def _call(fn: str, args: tuple) -> str:
     return f"{fn}({', '.join(repr(a) for a in args)})"
 
 
+# the tests compare by type, then value: `==` alone is the returned object's own __eq__, and an
+# object whose __eq__ always says True would pass every case (ints and floats compare as numbers)
+SAME = '''
+
+def same(got, want):
+    if isinstance(want, (list, tuple)):
+        return type(got) is type(want) and len(got) == len(want) and all(map(same, got, want))
+    if isinstance(want, dict):
+        return type(got) is dict and len(got) == len(want) and all(
+            type(k) in (str, int) and k in want and same(got[k], want[k]) for k in got)
+    if type(want) in (int, float):
+        return type(got) in (int, float) and got == want
+    return type(got) is type(want) and got == want
+'''
+
+
 def _tests(pkg: str, mod: str, fn: str, cases: list[tuple[tuple, Any]]) -> str:
     rows = "".join(f"    ({args!r}, {expected!r}),\n" for args, expected in cases)
-    return (f"import pytest\n\nfrom {pkg}.{mod} import {fn}\n\nCASES = [\n{rows}]\n\n\n"
+    return (f"import pytest\n\nfrom {pkg}.{mod} import {fn}\n\nCASES = [\n{rows}]\n{SAME}\n\n"
             f"@pytest.mark.parametrize(\"args, expected\", CASES)\n"
-            f"def test_{fn}(args, expected):\n    assert {fn}(*args) == expected\n")
+            f"def test_{fn}(args, expected):\n    got = {fn}(*args)\n    assert same(got, expected), (got, expected)\n")
 
 
 def _compile(fn: str, params: str, body: str):
