@@ -55,6 +55,7 @@ class RunOptions:
     reward_cmd: str | None = None  # scores the workspace after the command (default: the task's, or pytest)
     reward_mode: str = "pass-fraction"
     readable: tuple[Path, ...] = ()  # host folders a sandboxed command reads (e.g. its {task} file's)
+    hidden: tuple[Path, ...] = ()  # host paths a sandboxed command must not read (the loop's --out, the records DB)
 
 
 @dataclass
