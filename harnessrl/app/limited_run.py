@@ -47,6 +47,10 @@ class RolloutFlags:
     cpu_time: int | None = 3600  # CPU seconds per process
     reward_cmd: str | None = None  # default: the task's, else pytest on its hidden tests
     reward_mode: str = "pass-fraction"
+    procs: int | None = 1024  # processes and threads of a rollout
+    file_size: int | None = 1 << 30  # bytes per file written
+    disk: int | None = 2 << 30  # bytes of the sandbox's workspace + HOME + TMPDIR
+    output: int | None = 4 << 20  # bytes of the command's output the host keeps
 
 
 def coding_task(row: TaskRow, tasks_file: Path) -> CodingTask | None:
@@ -61,7 +65,8 @@ def coding_task(row: TaskRow, tasks_file: Path) -> CodingTask | None:
         raise UserError(f"{where}: hidden_tests need a workspace (the pristine copy the tests are scored in)")
     folders = tuple(t for t in (row.workspace, row.hidden_tests) if isinstance(t, Path))
     surface = solution_surface(row.solution, row.workspace, where) if row.workspace is not None else ()
-    return CodingTask(row.workspace, row.hidden_tests, row.reward_cmd, (tasks_file.resolve(), *folders), surface)
+    return CodingTask(row.workspace, row.hidden_tests, row.reward_cmd, (tasks_file.resolve().parent, *folders),
+                      surface)
 
 
 def coding_tasks(rows: list[TaskRow], tasks_file: Path, flags: RolloutFlags) -> dict[str, CodingTask | None]:
@@ -87,7 +92,8 @@ def limits_for(flags: RolloutFlags, tasks: list[CodingTask | None], reward_from:
     if scored and reward_from is not None:
         raise UserError("--reward-from: the tasks' hidden tests (or --reward-cmd) give the reward; drop --reward-from")
     sandbox = flags.sandbox or ("bwrap" if any(t is not None and t.workspace is not None for t in tasks) else "none")
-    limits = Limits(sandbox, flags.timeout, flags.memory, flags.cpu_time)
+    limits = Limits(sandbox, flags.timeout, flags.memory, flags.cpu_time, flags.procs, flags.file_size, flags.disk,
+                    flags.output)
     check_limits(limits)
     return limits
 
@@ -160,7 +166,10 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
                    "timed_out": float(done.timed_out)}
         if done.timed_out:
             return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s", metrics=metrics)
-        failed = f"exit code {done.code}" if done.code != 0 else None
+        if done.capped:
+            metrics["capped"] = 1.0
+        # a cap hit is the policy's doing: scored like any other end, not a failed rollout
+        failed = f"exit code {done.code}" if done.code != 0 and not done.capped else None
         if not (task is not None and task.hidden_tests is not None or opts.reward_cmd is not None):
             # scored by the command itself: `--reward-from exit-code` makes a crash its 0
             outcome, warning = outcome_of(opts.reward_from, done.code, last, reward_file)
