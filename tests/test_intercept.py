@@ -116,12 +116,15 @@ def test_node_client_trusts_the_ca_through_node_extra_ca_certs(session):
     assert any(_message(c) == "hello from node" and c.completion_ids for c in calls)
 
 
-def test_an_hrl_key_or_proxy_username_names_its_own_rollout_and_agent(session):
-    assert session["clients"]["keyed"] == "200" and session["clients"]["proxyuser"] == "200"
-    ro, calls = _calls(session, "other")
-    assert ro.id == session["clients"]["other_rollout"]
-    assert [(c.agent, _message(c)) for c in calls] == [("keyed", "hello with a key"),
-                                                       ("viaproxy", "hello via the proxy url")]
+def test_an_hrl_key_or_proxy_username_names_its_agent_in_its_own_rollout_only(session):
+    clients = session["clients"]
+    assert clients["keyed"] == "200" and clients["proxyuser"] == "200"
+    # the rollout's key cannot pass for another rollout, nor create one (issue 42: tests/test_rollout_keys.py)
+    assert clients["forged"] == "401" and clients["create_other"] == "403"
+    _, calls = _calls(session, "ns")
+    assert [(c.agent, _message(c)) for c in calls if c.agent in ("keyed", "viaproxy")] == [
+        ("keyed", "hello with a key"), ("viaproxy", "hello via the proxy url")]
+    assert not any(_message(c) == "hello from elsewhere" for c in calls)
 
 
 def test_no_client_key_reaches_the_db_or_the_logs(session):

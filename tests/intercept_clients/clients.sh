@@ -19,14 +19,17 @@ note azure "$(chat 'https://myres.openai.azure.com/openai/deployments/tiny/chat/
 note openrouter "$(chat https://openrouter.ai/api/v1/chat/completions "Authorization: Bearer $TEST_CURL_KEY" 'hello from openrouter')"
 note hostsfile "$(chat https://gw.llm.internal/v1/chat/completions "Authorization: Bearer $TEST_CURL_KEY" 'hello from the hosts file')"
 note files "$(curl -sS -o /dev/null -w '%{http_code}' https://api.openai.com/v1/files -H "Authorization: Bearer $TEST_CURL_KEY")"
-# an hrl- key names its own rollout and agent
-other=$(curl -sS -X POST "$HARNESSRL_PROXY/harnessrl/rollouts" -H 'content-type: application/json' -d '{"run": "other"}' \
-  | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["id"])')
-note other_rollout "$other"
-note keyed "$(chat https://api.openai.com/v1/chat/completions "Authorization: Bearer hrl-$other-keyed" 'hello with a key')"
+# an hrl- key names its agent in its own rollout: the rollout's key ($HARNESSRL_KEY) with another agent name
+tag=${HARNESSRL_KEY#*:}
+note keyed "$(chat https://api.openai.com/v1/chat/completions "Authorization: Bearer hrl-$HARNESSRL_ROLLOUT-keyed:$tag" 'hello with a key')"
 # ... and so does the username of the proxy URL (how one mitmdump serves many rollouts: loop --cmd --intercept)
-note proxyuser "$(https_proxy="http://hrl-$other-viaproxy:x@${HTTPS_PROXY#*@}" \
+note proxyuser "$(https_proxy="http://hrl-$HARNESSRL_ROLLOUT-viaproxy%3A$tag:x@${HTTPS_PROXY#*@}" \
   chat https://api.openai.com/v1/chat/completions "Authorization: Bearer $TEST_CURL_KEY" 'hello via the proxy url')"
+# but never another rollout: the key's tag is its rollout's, and the harness holds no operator key
+note forged "$(https_proxy="http://hrl-elsewhere-viaproxy%3A$tag:x@${HTTPS_PROXY#*@}" \
+  chat https://api.openai.com/v1/chat/completions "Authorization: Bearer $TEST_CURL_KEY" 'hello from elsewhere')"
+note create_other "$(curl -sS -o /dev/null -w '%{http_code}' -X POST "$HARNESSRL_PROXY/harnessrl/rollouts" \
+  -H 'content-type: application/json' -H "Authorization: Bearer $HARNESSRL_KEY" -d '{"run": "other"}')"
 # a host that is not an LLM API passes through untouched, credentials and all
 note plain "$(curl -sS -o /dev/null -w '%{http_code}' --proxy "$HTTP_PROXY" --noproxy '' "$PLAIN_URL" \
   -H 'Authorization: Bearer not-an-llm-key')"
