@@ -1,0 +1,115 @@
+"""What scoring a coding rollout costs, before and after the clean room (issue 42).
+
+    python bench/scoring_overhead.py [--tasks 4] [--repeats 5] [--sandbox bwrap]
+
+On generated coding tasks, each with the agent's work already in its workspace (the reference
+fix on half of them, nothing on the others), one rollout's scoring step timed both ways, in
+alternating order, in this run:
+- before: the hidden tests laid over the agent's own workspace and `python -m pytest -q -p
+  no:cacheprovider hidden_tests` run in a sandbox over it, the reward read from pytest's summary
+  line (what `workspace.run_hidden_tests` did); and the same with pytest's plugin autoload off
+  (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, as the new runner has it), which isolates what the clean
+  room and the signed report cost from what the installed plugins' import cost;
+- after: `scoring.score_rollout` — a fresh copy of the pristine workspace, the agent's solution
+  surface copied in without following links, the hidden tests, the runner (`python -I`, the
+  signed report) in a fresh sandbox, the report checked against the task's known tests.
+Printed: the median seconds of each, their difference, and the clean room alone (its copy and
+removal, no test run). Also the one-time cost of a task's known tests at load (the hidden tests
+run on the reference, uncached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harnessrl.app import scoring
+from harnessrl.app.limited_run import RolloutFlags, coding_tasks
+from harnessrl.app.sandbox import HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.workspace import fresh_workspace, lay, score
+from harnessrl.harness_examples.coding.tasks import write
+from harnessrl.tasks_file import read_tasks
+
+OLD_CMD = f"{shlex.quote(sys.executable)} -m pytest -q -p no:cacheprovider hidden_tests"
+
+
+def before(task, ws: Path, limits: Limits, autoload: bool = True) -> float:
+    started = time.perf_counter()
+    shutil.rmtree(ws / "hidden_tests", ignore_errors=True)
+    lay(task.hidden_tests, ws)
+    host_relay = HostRelay([]) if limits.sandbox == "bwrap" else None
+    try:
+        with tempfile.TemporaryFile() as out:
+            env = dict(os.environ) if autoload else {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+            done = run_limited(OLD_CMD, env, limits, Mounts(ws), host_relay, out)
+            out.seek(0)
+            score(out.read().decode(errors="replace"), done, "pass-fraction")
+    finally:
+        if host_relay is not None:
+            host_relay.close()
+    return time.perf_counter() - started
+
+
+def after(task, ws: Path, limits: Limits) -> float:
+    started = time.perf_counter()
+    scoring.score_rollout(task, ws, None, "pass-fraction", limits, ())
+    return time.perf_counter() - started
+
+
+def room(task, ws: Path) -> float:
+    started = time.perf_counter()
+    clean, _ = scoring.clean_room(task, ws)
+    shutil.rmtree(clean)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scoring-"))
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")  # the known tests collected here, not read from a cache
+    files = write(tmp / "tasks", args.tasks, 0, seed=0, salt="bench")
+    rows = read_tasks(files["all"])
+    started = time.perf_counter()
+    tasks = coding_tasks(rows, files["all"], RolloutFlags())
+    load = (time.perf_counter() - started) / len(rows)
+    limits = Limits(sandbox=args.sandbox, timeout=120)
+    times: dict[str, list[float]] = {"before": [], "plain": [], "after": []}
+    ways = {"before": before, "plain": lambda t, w, lim: before(t, w, lim, autoload=False), "after": after}
+    rooms = []
+    for r in range(args.repeats):
+        for i, row in enumerate(rows):
+            task = tasks[row.id]
+            order = list(ways)[(r + i) % 3:] + list(ways)[:(r + i) % 3]  # each way first as often
+            for name in order:
+                ws = fresh_workspace(task)
+                if i % 2:
+                    lay(row.reference, ws)
+                times[name].append(ways[name](task, ws, limits))
+                if name == "after":
+                    rooms.append(room(task, ws))
+                shutil.rmtree(ws, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    med = statistics.median
+    print(f"{len(rows)} tasks x {args.repeats} repeats, --sandbox {args.sandbox}, {os.cpu_count()} cores")
+    old, plain, new = med(times["before"]), med(times["plain"]), med(times["after"])
+    print(f"scoring before (tests over the agent's workspace): median {old:.3f} s")
+    print(f"  the same, pytest's plugin autoload off: median {plain:.3f} s")
+    print(f"scoring after (clean room, runner, signed report): median {new:.3f} s")
+    print(f"after - before: {new - old:+.3f} s per rollout; after - before without autoload: {new - plain:+.3f} s; "
+          f"the clean room alone: median {med(rooms) * 1000:.1f} ms")
+    print(f"known tests at load (once per task, then cached): {load:.3f} s per task")
+
+
+if __name__ == "__main__":
+    main()
