@@ -8,9 +8,10 @@ counted in the rollout's `errors`, in `/metrics` and in the log). Without it a r
 main call was refused looked like a rollout that ran, and compile scored it.
 
 Refusals that leave no row, only the metrics (`harnessrl_proxy_refused`) and an info log line:
-a wrong API key (401: an unauthenticated client must not create rollouts), an id that is not an
-id (400 from `identify`), an unknown rollout under `--strict-rollouts` (404), the records DB
-away (503), and a finished rollout (410 `rollout_finished`): a finished rollout is immutable,
+a wrong API key (401: an unauthenticated client must not create rollouts), a rollout's key
+naming another rollout (403 `rollout_key_scope`: nothing is written into a rollout the key is not
+for), an id that is not an id (400 from `identify`), an unknown rollout under `--strict-rollouts`
+(404), the records DB away (503), and a finished rollout (410 `rollout_finished`): a finished rollout is immutable,
 its outcome already fixed, so nothing more is written into it.
 """
 

@@ -121,6 +121,8 @@ def test_row_stored_responses_and_websocket_of_another_rollout_are_refused(proxy
     (a, b), _ = _rollouts(op)
     r = http.get(f"/r/{b.id}/a/main/v1/responses/resp_" + "0" * 32, headers=_bearer(a.api_key("main")))
     _refused(r, 403, "rollout_key_scope")
+    own = http.get(f"/r/{a.id}/a/main/v1/responses/resp_" + "0" * 32, headers=_bearer(a.api_key("main")))
+    _refused(own, 404, "response_not_found")  # its own rollout: looked up (none such)
     ws = url.replace("http://", "ws://") + f"/r/{b.id}/a/main/v1/responses"
     with pytest.raises(InvalidStatus) as refused:
         with connect(ws, additional_headers=_bearer(a.api_key("main"))):
@@ -131,11 +133,15 @@ def test_row_stored_responses_and_websocket_of_another_rollout_are_refused(proxy
         pass  # its own: accepted
 
 
-def test_row_models_and_count_tokens_take_a_rollout_key(proxy):
+def test_row_models_count_tokens_and_probes_take_a_rollout_key(proxy):
     _, op, http = proxy
     ro = op.create_rollout(task_id="t")
-    assert http.get(f"/r/{ro.id}/a/main/v1/models", headers=_bearer(ro.api_key("main"))).status_code == 200
-    assert http.get("/v1/models", headers=_bearer(ro.api_key("main"))).status_code == 200
+    key = _bearer(ro.api_key("main"))
+    assert http.get(f"/r/{ro.id}/a/main/v1/models", headers=key).status_code == 200
+    assert http.get("/v1/models", headers=key).status_code == 200
+    counted = http.post("/v1/messages/count_tokens", headers=key, json={"model": "m", "messages": MSGS})
+    assert counted.status_code not in (401, 403), counted.text  # (501 here: the stand-in has no tokenizer)
+    assert http.get("/health").status_code == 200 and http.get("/ready", headers=key).status_code in (200, 503)
 
 
 @pytest.mark.parametrize("method,path,body", [
