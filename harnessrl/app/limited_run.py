@@ -157,7 +157,7 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
         env = {**env, "HARNESSRL_WORKSPACE": str(ws)}
         reward_file = reward_file_of(opts, env)
         writable = (codex_home,) + ((reward_file.parent,) if reward_file is not None else ())
-        mounts = Mounts(ws, writable, task.source_paths if task is not None else (), opts.readable)
+        mounts = Mounts(ws, writable, (*(task.source_paths if task is not None else ()), *opts.hidden), opts.readable)
         with relay(limits, urls) as host_relay:
             if host_relay is not None:
                 env = _sandbox_env(env, urls)
