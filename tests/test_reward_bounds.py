@@ -185,3 +185,108 @@ def test_a_hidden_folder_that_holds_what_the_sandbox_runs_hides_everything_else_
     assert "runs []" in out and "eval PermissionError" in out and "tool ran" in out
     assert "entries ['.venv', 'bin', 'eval.jsonl', 'runs']" in out  # the names stay
     assert (proj / "eval.jsonl").read_text() == "secret"  # on the host: untouched
+
+
+# ---- end to end: `loop --cmd`'s runner (cmd_harness) on generated tasks, the proxy on the tiny model ----
+
+AGENT = """
+import json, os, sqlite3, sys, time
+mode, task_file, root = sys.argv[1:4]
+task = json.load(open(task_file))
+if mode == "fill":
+    for where in (".", os.environ["HOME"], os.environ["TMPDIR"]):
+        try:
+            for i in range(48):
+                with open(os.path.join(where, f"fill{i}"), "wb") as g:
+                    g.write(b"x" * (1 << 20))
+        except OSError:
+            pass
+    sys.exit(1)  # a harness that crashes on the full disk
+if mode == "bomb":
+    for _ in range(9):
+        os.fork()
+    time.sleep(1)
+if mode == "plant-bomb":  # the fork bomb waits for the test run: the package forks when imported
+    pkg = next(p for p in os.listdir(".") if os.path.isfile(os.path.join(p, "__init__.py")))
+    with open(os.path.join(pkg, "__init__.py"), "w") as f:
+        f.write("import os, time\\nfor _ in range(9):\\n    os.fork()\\ntime.sleep(1)\\n")
+if mode == "hunt":  # every place the hidden tests or the reference could be read from
+    found = []
+    def rows_in(text, path):
+        for line in text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and row.get("id") == task["id"] and row.get("reference"):
+                found.append(row["reference"])
+                print("in", path)
+    for top in (os.path.join(root, "tasks"), os.path.join(root, "out-hunt"), root):
+        for folder, _, files in os.walk(top):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    if name.endswith(".db"):
+                        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+                        for (ref,) in db.execute("select reference from tasks where id = ?", (task["id"],)):
+                            found.append(json.loads(ref) if isinstance(ref, str) else ref)
+                            print("in", path)
+                    else:
+                        rows_in(open(path, errors="replace").read(), path)
+                except Exception:
+                    pass
+    from harnessrl.harness_examples.coding.tasks import generate
+    for salt in (None, "", "0", "5"):  # the installed generator, with the seed the tasks were made with
+        train, held = generate(4, 0, seed=5, salt=salt)
+        found += [r["reference"] for r in train + held if r["id"] == task["id"]]
+        print("in generate", salt)
+    found = [ref for ref in found if isinstance(ref, dict) and all(os.path.isfile(p) for p in ref)]  # this task's
+    print("found", len(found))
+    for ref in found:
+        for path, text in ref.items():
+            open(path, "w").write(text)
+"""
+
+
+@pytest.fixture(scope="module")
+def coding(tiny_model_dir, tmp_path_factory):
+    from harnessrl.harness_examples.coding.tasks import write
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+    from harnessrl.tasks_file import read_tasks
+
+    root = tmp_path_factory.mktemp("bounds")
+    files = write(root / "tasks", 1, 0, seed=5)  # a fresh salt, as `harnessrl tasks coding` draws
+    (root / "agent.py").write_text(AGENT)
+    db = root / "runs.db"
+    with run_proxy(ProxyConfig(db=str(db), backend="local", model=str(tiny_model_dir), port=0)) as proxy:
+        from harnessrl.compiler.tasks import import_tasks
+
+        import_tasks(str(db), files["all"])  # as the loop does: the references are in the DB too
+        yield {"url": proxy.url, "db": db, "tasks": files["all"], "rows": read_tasks(files["all"]), "root": root}
+
+
+def _rollout(s, mode: str):
+    from harnessrl.app.cmd_harness import cmd_harness
+    from harnessrl.app.harnesses import TaskSource
+    from harnessrl.app.limited_run import RolloutFlags
+    from harnessrl.app.sandbox import db_files
+
+    flags = RolloutFlags(sandbox="bwrap", timeout=120, procs=PROCS, file_size=4 << 20, disk=DISK)
+    src = TaskSource(s["tasks"], None, s["root"] / f"out-{mode}", 8, 0.0, 0)
+    h = cmd_harness(f"{sys.executable} {s['root'] / 'agent.py'} {mode} {{task}} {s['root']}", src, None, False, flags,
+                    hidden=db_files(str(s["db"])))
+    return h.run(s["url"], s["rows"][0], f"g-{mode}", f"run-{mode}", 1.0)
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and pids_base() is None, reason="no process cap can be set here: not run uncapped")
+def test_no_attack_scores_more_than_doing_nothing_or_fails_its_rollout(coding):
+    nothing = _rollout(coding, "nothing")
+    assert nothing.error is None and 0 < nothing.outcome < 1  # the bug task: some hidden cases pass as given
+    for mode in ("fill", "bomb", "plant-bomb", "hunt"):
+        result = _rollout(coding, mode)
+        assert result.error is None, (mode, result.error)  # scored: never a failed rollout
+        assert result.outcome <= nothing.outcome, (mode, result.outcome, nothing.outcome)
+        if mode in ("fill", "bomb"):
+            assert result.metrics.get("capped") == 1.0, mode
+    log = next((coding["root"] / "out-hunt").rglob("*.log")).read_text()
+    assert "found 0" in log, log  # nothing it could read held the reference

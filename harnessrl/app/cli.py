@@ -86,6 +86,10 @@ def loop(
                                   "command may run; then its whole process tree is killed and the rollout fails."),
     memory: str = typer.Option("8G", "--memory", rich_help_panel=CMD, help="--cmd: " + cli_tracing.MEMORY_HELP),
     cpu_time: int = typer.Option(3600, "--cpu-time", rich_help_panel=CMD, help="--cmd: " + cli_tracing.CPU_HELP),
+    max_procs: int = cli_tracing.cap_option("procs", CMD, "--cmd: "),
+    file_size: str = cli_tracing.cap_option("file_size", CMD, "--cmd: "),
+    disk: str = cli_tracing.cap_option("disk", CMD, "--cmd: "),
+    max_output: str = cli_tracing.cap_option("output", CMD, "--cmd: "),
     reward_cmd: str = typer.Option(None, "--reward-cmd", rich_help_panel=CMD,
                                    help="--cmd: " + cli_tracing.REWARD_CMD_HELP),
     reward_mode: str = typer.Option("pass-fraction", "--reward-mode", rich_help_panel=CMD,
@@ -95,7 +99,8 @@ def loop(
     from harnessrl.app.loop import run_loop
 
     cfg.teacher = teacher if teacher.url else None
-    cfg.cmd_flags = cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode)
+    cfg.cmd_flags = cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode, max_procs,
+                                              file_size, disk, max_output)
     run_loop(cfg)
 
 

@@ -25,6 +25,13 @@ SANDBOX_HELP = ("bwrap (bubblewrap: read-only system, writable workspace, no net
                 "default: bwrap for tasks with a workspace, else none. An unusable bwrap is an error, never skipped.")
 MEMORY_HELP = "Memory per process of the command (RLIMIT_DATA), e.g. 8G or 512M; 0: unlimited."
 CPU_HELP = "CPU seconds per process of the command (RLIMIT_CPU)."
+# the caps a policy hits as its own failure (scored, never a failed rollout): docs/coding.md, "Sandbox and rewards"
+PROCS_HELP = ("Processes and threads of the whole rollout (a pids cgroup where one can be made, else RLIMIT_NPROC in "
+              "the sandbox); 0: no cap.")
+FILE_SIZE_HELP = "Size of any file the command writes (RLIMIT_FSIZE), e.g. 1G; 0: unlimited."
+DISK_HELP = ("--sandbox bwrap: size of the tmpfs holding the workspace, HOME and TMPDIR (and of /dev/shm), e.g. 2G; "
+             "0: unlimited.")
+OUTPUT_HELP = "Of the command's stdout and stderr, what the host keeps (the start and the end), e.g. 4M; 0: all."
 REWARD_CMD_HELP = ("Shell line run in the workspace (in the sandbox) after the command to score it; default for "
                    "tasks with hidden tests: python -m pytest -q hidden_tests.")
 REWARD_MODE_HELP = "Reward from the tests: pass-fraction (passed / run) | all-pass (1 only if all pass)."
@@ -34,11 +41,26 @@ REWARD_FROM_HELP = ("Outcome: exit-code (0 → 1.0, else 0.0) | stdout-json (las
 
 
 def rollout_flags(sandbox: str | None, timeout: float | None, memory: str, cpu_time: int | None,
-                  reward_cmd: str | None, reward_mode: str):
+                  reward_cmd: str | None, reward_mode: str, procs: int = 1024, file_size: str = "1G",
+                  disk: str = "2G", output: str = "4M"):
     from harnessrl.app.limited_run import RolloutFlags
     from harnessrl.app.sandbox import parse_size
 
-    return RolloutFlags(sandbox, timeout, parse_size(memory), cpu_time, reward_cmd, reward_mode)
+    if procs < 0:
+        raise UserError(f"--max-procs {procs}: a number of processes, or 0 for no cap")
+    return RolloutFlags(sandbox, timeout, parse_size(memory), cpu_time, reward_cmd, reward_mode, procs=procs or None,
+                        file_size=parse_size(file_size, "--file-size"), disk=parse_size(disk, "--disk"),
+                        output=parse_size(output, "--max-output"))
+
+
+_CAPS = {"procs": (1024, "--max-procs", PROCS_HELP), "file_size": ("1G", "--file-size", FILE_SIZE_HELP),
+         "disk": ("2G", "--disk", DISK_HELP), "output": ("4M", "--max-output", OUTPUT_HELP)}
+
+
+def cap_option(key: str, panel: str, prefix: str = ""):
+    """One cap option of `run` and `loop --cmd`, with Limits' default (`key`: its RolloutFlags field)."""
+    default, flag, text = _CAPS[key]
+    return typer.Option(default, flag, rich_help_panel=panel, help=prefix + text)
 
 
 def _exit_on_sigterm() -> None:
@@ -122,6 +144,10 @@ def register(app: typer.Typer) -> None:
         memory: str = typer.Option("8G", "--memory", rich_help_panel=LIMITS,
                                    help=MEMORY_HELP + " Applied with --sandbox, --timeout or --tasks."),
         cpu_time: int = typer.Option(3600, "--cpu-time", rich_help_panel=LIMITS, help=CPU_HELP),
+        max_procs: int = cap_option("procs", LIMITS),
+        file_size: str = cap_option("file_size", LIMITS),
+        disk: str = cap_option("disk", LIMITS),
+        max_output: str = cap_option("output", LIMITS),
         reward_cmd: str = typer.Option(None, "--reward-cmd", rich_help_panel=LIMITS, help=REWARD_CMD_HELP),
         reward_mode: str = typer.Option("pass-fraction", "--reward-mode", rich_help_panel=LIMITS,
                                         help=REWARD_MODE_HELP),
@@ -130,6 +156,7 @@ def register(app: typer.Typer) -> None:
         (default) interception set, outcome reported, rollout finished; exits with CMD's exit code."""
         from harnessrl.app.intercept import InterceptConfig, read_hosts
         from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, run_command
+        from harnessrl.app.sandbox import db_files
 
         group_id = renamed(group_id, group_old, "--group", "--group-id")
         teacher = renamed(teacher, teacher_old, "--teacher", "--upstream")
@@ -150,11 +177,13 @@ def register(app: typer.Typer) -> None:
             warn_deprecated(f"--reward-from {reward_from}", "--reward-from file (the command finds the file's path "
                             "in $HARNESSRL_REWARD_FILE)")
         opts = RunOptions(task=task, group=group_id, run=run_tag or ("teacher" if teacher else None), agent=agent,
-                          reward_from=reward_from)
+                          reward_from=reward_from, hidden=() if proxy else db_files(db))
         if tasks is not None or sandbox is not None or timeout is not None or reward_cmd is not None:
             from harnessrl.app.limited_run import limit_run
 
-            opts = limit_run(opts, tasks, rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode))
+            flags = rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode, max_procs, file_size,
+                                  disk, max_output)
+            opts = limit_run(opts, tasks, flags)
         mentor = (teacher, teacher_key, teacher_dialect, teacher_model) if teacher else None
         try:
             code = run_command(list(cmd or []), opts, proxy, model, db, icfg, teacher=mentor)

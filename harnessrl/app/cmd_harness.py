@@ -50,7 +50,9 @@ def fill(template: str, values: dict[str, str]) -> str:
 
 
 def cmd_harness(template: str, src: TaskSource, reward_from: str | None, intercept: bool,
-                flags: RolloutFlags | None = None) -> HarnessTasks:
+                flags: RolloutFlags | None = None, hidden: tuple[Path, ...] = ()) -> HarnessTasks:
+    """`hidden`: more host paths its sandboxes must not read than the tasks' folders and `src.out`
+    (the loop's output: runs.db, samples, the other rollouts' logs), e.g. a records DB elsewhere."""
     if not any(p in template for p in PLACEHOLDERS):
         raise UserError(f"--cmd: use at least one of {', '.join(PLACEHOLDERS)} (e.g. \"python agent.py {{task}}\")")
     if reward_from not in (None, "file", *REWARD_SOURCES):
@@ -100,7 +102,7 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
         per_rollout = str(log_path.with_suffix(".reward")) if reward_from == "file" else reward_from
         opts = RunOptions(task=task.id, group=group_id, run=run_tag, reward_from=per_rollout, limits=limits,
                           coding=coding.get(task.id), reward_cmd=flags.reward_cmd, reward_mode=flags.reward_mode,
-                          readable=(task_dir,))
+                          readable=(task_dir,), hidden=(src.out.resolve(), *hidden))
         try:
             with HarnessRL(url) as client, open(log_path, "w") as log:  # the operator's key (`default_key`)
                 result = run_in_rollout(client, command, opts, held_icpt[0] if held_icpt else None, stdout=log,

@@ -150,8 +150,9 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
         raise UserError("--intercept runs one mitmdump on this machine: use it with --executor local")
     if cfg.cmd:
         from harnessrl.app.cmd_harness import cmd_harness
+        from harnessrl.app.sandbox import db_files
 
-        h = cmd_harness(cfg.cmd, src, cfg.reward_from, cfg.intercept, cfg.cmd_flags)
+        h = cmd_harness(cfg.cmd, src, cfg.reward_from, cfg.intercept, cfg.cmd_flags, hidden=db_files(db))
     else:
         h = load_harness(cfg.harness, src)
     if not h.train:
