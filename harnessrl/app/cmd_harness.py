@@ -29,7 +29,7 @@ from pathlib import Path
 
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, split_tasks
 from harnessrl.app.intercept import InterceptConfig, Interceptor, start_intercept
-from harnessrl.app.limited_run import RolloutFlags, coding_task, limits_for
+from harnessrl.app.limited_run import RolloutFlags, coding_tasks, limits_for
 from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, run_in_rollout
 from harnessrl.app.sandbox import ROOT
 from harnessrl.client import HarnessRL, Rollout
@@ -62,7 +62,7 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
         raise UserError("--cmd: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
     flags = flags or RolloutFlags()
     rows = read_tasks(src.tasks)[: src.n_tasks]
-    coding = {row.id: coding_task(row, src.tasks) for row in rows}
+    coding = coding_tasks(rows, src.tasks, flags)
     limits = limits_for(flags, list(coding.values()), reward_from)
     train, held = split_tasks(rows, src.eval_fraction)
     logs = src.out / "cmd" / "logs"
