@@ -6,7 +6,11 @@ Every trainer sees the same compiled batch (prepared once, outside the timing); 
 loss + backward(s) + optimizer step. The baseline is `trl.GRPOTrainer._compute_loss` (loss_type
 bnpo = token mean) on the same prompt/completion/mask/advantage tensors. Memory: peak allocated
 CUDA memory on a GPU; on CPU, the bytes autograd saves for backward (activations), the part of a
-step's memory that the objectives change. Ratios are against the baseline measured in this run."""
+step's memory that the objectives change. Ratios are against the baseline measured in this run;
+"time × per token" divides by the tokens forwarded (PACT forwards its privileged prompts and SFT
+sequences too). `capo` is the default routing (heads and MLP units, shared remainder); `capo
+mlp/leak` the earlier rule (three separate gradients). The round-start scoring of `ratio_to: round`
+happens once per round, outside the steps, and is printed apart."""
 
 from __future__ import annotations
 
@@ -115,39 +119,53 @@ def main() -> None:
                         args=grpo_args(base_cfg, loss_type="bnpo"), train_dataset=HFDataset.from_dict({"prompt": ["x"] * n}))
     matpo = MatpoTrainer(fresh_model(), cfg(algo="matpo"), data, tok)
     capo = CapoTrainer(fresh_model(), cfg(algo="capo", partition=str(tmp / "partition.pt")), data, tok)
+    leak = CapoTrainer(fresh_model(), cfg(algo="capo", partition=str(tmp / "partition.pt"), capo_units="mlp",
+                                          capo_remainder="leak"), data, tok)
     pact = PactTrainer(fresh_model(), cfg(algo="pact", pact_q=a.q), data, tok)
     pact_batch = pact.fixed_batch()
     steps = a.repeats + 2
     runners = {
         "trl GRPOTrainer": Runner(plain, trl_batch, steps), "grpo": Runner(grpo, batch, steps),
         "matpo": Runner(matpo, matpo.fixed_batch(), steps), "capo": Runner(capo, capo.fixed_batch(), steps),
-        "pact": Runner(pact, pact_batch, steps),
+        "capo mlp/leak": Runner(leak, leak.fixed_batch(), steps), "pact": Runner(pact, pact_batch, steps),
     }
     # Round-robin, so that load from other processes falls on every objective alike; 2 warm-up rounds.
     for r in range(steps):
         for runner in runners.values():
             runner.step(record=r >= 2)
     results = {name: (statistics.median(x.times), x.mem) for name, x in runners.items()}
-    batches = {"trl GRPOTrainer": trl_batch, "grpo": batch, "matpo": batch, "capo": batch, "pact": pact_batch}
+    batches = {"trl GRPOTrainer": trl_batch, "grpo": batch, "matpo": batch, "capo": batch, "capo mlp/leak": batch, "pact": pact_batch}
+    # ratio_to: round scores logp_old once per round, outside the steps: a no-grad forward of each later step's batch
+    scoring = []
+    for _ in range(a.repeats):
+        t = time.perf_counter()
+        with torch.no_grad():
+            grpo.policy_logps(grpo.model, batch)
+        scoring.append(time.perf_counter() - t)
 
     from rich.console import Console
     from rich.table import Table
 
     t0, m0 = results["trl GRPOTrainer"]
-    targets = {"grpo": 1.05, "matpo": None, "capo": 1.8, "pact": 2.2}
+    targets = {"grpo": 1.05, "matpo": None, "capo": 1.3, "pact": None}  # pact: ≤ 1.3 per trained token
     table = Table(title=f"train step on {device}, {n} samples, {int(batch['completion_mask'].sum())} completion tokens "
                         f"(pact: {int(pact_batch['gate'].eq(0).sum())} of {n} rows on the trace)")
     def tokens(b) -> int:  # tokens forwarded per step (PACT: privileged prompts and SFT sequences too)
         return int(b["prompt_mask"].sum() + b["completion_mask"].sum() + (b["sft_mask"].sum() if "sft_mask" in b else 0))
 
-    for col in ("objective", "step ms", "time ×", "target ×", "memory", "memory ×", "tokens ×"):
+    for col in ("objective", "step ms", "time ×", "target ×", "memory", "memory ×", "tokens ×", "time × per token"):
         table.add_column(col, justify="right")
     unit = "MiB" if device == "cuda" else "MiB saved"
     for name, (t, m) in results.items():
         tgt = targets.get(name)
+        per = tokens(batches[name]) / tokens(trl_batch)
         table.add_row(name, f"{t * 1e3:.1f}", f"{t / t0:.2f}", "" if tgt is None else f"≤ {tgt}", f"{m / 2**20:.2f} {unit}",
-                      f"{m / m0:.2f}", f"{tokens(batches[name]) / tokens(trl_batch):.2f}")
-    Console(width=140).print(table)
+                      f"{m / m0:.2f}", f"{per:.2f}", f"{t / t0 / per:.2f}" + (" (≤ 1.3)" if name == "pact" else ""))
+    console = Console(width=150)
+    console.print(table)
+    s = statistics.median(scoring)
+    console.print(f"ratio_to round: logp_old scored once at a round's start, a no-grad forward of each later step's batch: "
+                  f"{s * 1e3:.1f} ms per step ({s / t0:.2f}× the TRL step), paid once per round")
 
 
 if __name__ == "__main__":

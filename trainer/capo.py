@@ -37,7 +37,7 @@ import torch
 
 from harnessrl.errors import UserError
 from harnessrl.samples import ACTION, ARGS
-from harnessrl.trainer.capo_masks import partition_masks, withheld_masks
+from harnessrl.trainer.capo_masks import Tap, partition_masks, taps, withheld_masks
 from harnessrl.trainer.capo_partition import Partition, build_partition, probe_set, write_outputs
 from harnessrl.trainer.diagnostics import masked_sums
 from harnessrl.trainer.grpo import HarnessTrainer
@@ -55,7 +55,10 @@ class CapoTrainer(HarnessTrainer):
         self.partition = partition or self.static_partition()
         self.routes: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
         self.shared = cfg.capo_remainder == "shared"
-        self._pending: list[torch.Tensor] | None = None
+        # gradients to add after the backward: (parameter, dim, indices, values); dim None: the whole parameter
+        self._pending: list[tuple[torch.nn.Parameter, int | None, torch.Tensor | None, torch.Tensor]] = []
+        self.taps: list[Tap] = []
+        self._tapped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # tap → (input, output) of this forward
         self._route_inputs = None
         self._hidden: torch.Tensor | None = None
         self._touched: dict[torch.nn.Parameter, torch.Tensor] = {}
@@ -68,7 +71,10 @@ class CapoTrainer(HarnessTrainer):
             self.routes = withheld_masks(m_act, m_args)
             norm = getattr(getattr(self.model, "model", None), "norm", None)  # the final norm feeds the LM head
             if isinstance(norm, torch.nn.Module) and not self.args.gradient_checkpointing:
+                self.taps = taps(self.model, self.routes)
                 norm.register_forward_hook(self._keep_hidden)
+                for i, tap in enumerate(self.taps):
+                    tap.linear.register_forward_hook(self._keep_tap(i))
             return
         # leak: M' = M + γ(1 − M); a parameter outside every partition has M = 0, so M' = γ.
         none = torch.zeros(())
@@ -132,7 +138,7 @@ class CapoTrainer(HarnessTrainer):
     def _compute_loss(self, model, inputs):
         routing = self.model.training and bool(self.routes)
         self._route_inputs = inputs if routing and self.shared else None
-        self._hidden = None
+        self._hidden, self._tapped = None, {}
         t = self.terms(model, inputs)
         other = t["other"] if self.cfg.capo_other else 0.0
         total = t["act"] + t["args"] + other
@@ -148,7 +154,7 @@ class CapoTrainer(HarnessTrainer):
             return total if total.requires_grad else total + torch.zeros((), device=total.device, requires_grad=True)
         g_act = self._grads(t["act"], params, retain=True)
         g_args = self._grads(t["args"], params, retain=self.cfg.capo_other)
-        self._pending = [ma * ga + mb * gb for (_, ma, mb), ga, gb in zip(self.routes, g_act, g_args)]
+        self._pending = [(p, None, None, ma * ga + mb * gb) for (p, ma, mb), ga, gb in zip(self.routes, g_act, g_args)]
         self._log_mean("grad_norm/act", _norm(ma * a for (_, ma, _), a in zip(self.routes, g_act)))
         self._log_mean("grad_norm/args", _norm(mb * b for (_, _, mb), b in zip(self.routes, g_args)))
         if self.cfg.capo_other and t["other"].requires_grad:
@@ -163,12 +169,18 @@ class CapoTrainer(HarnessTrainer):
         off_args = [cb * x for (_, _, cb), x in zip(self.routes, b)]
         self._log_mean("grad_norm/act_withheld", keep * _norm(off_act))
         self._log_mean("grad_norm/args_withheld", keep * _norm(off_args))
-        self._pending = [-keep * (x + y) for x, y in zip(off_act, off_args)]
+        self._pending = [(p, None, None, -keep * (x + y)) for (p, _, _), x, y in zip(self.routes, off_act, off_args)]
 
     def _keep_hidden(self, _module, _args, output) -> None:
         if self._route_inputs is not None and output.requires_grad:
             self._hidden = output
             output.register_hook(self._route_at_hidden)
+
+    def _keep_tap(self, i: int):
+        def keep(_module, args, output) -> None:
+            if self._route_inputs is not None and output.requires_grad:
+                self._tapped[i] = (args[0], output)
+        return keep
 
     def _route_at_hidden(self, dh: torch.Tensor) -> None:
         """Runs inside TRL's backward with dh = ∂(L_act + L_args + L_other)/∂h; the positions that
@@ -181,21 +193,36 @@ class CapoTrainer(HarnessTrainer):
         cls = torch.where((inputs["loss_mask"] > 0) & packed.valid, inputs["token_class"], torch.zeros_like(inputs["token_class"]))
         pos = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
         pos[0, packed.index[packed.valid]] = cls[packed.valid]  # row i's token j is predicted at index[i, j]
-        params = [p for p, _, _ in self.routes]
-        out = []
-        for code in (ACTION, ARGS):
-            g = torch.autograd.grad(h, params, grad_outputs=dh * (pos == code).unsqueeze(-1).to(dh.dtype), retain_graph=True, allow_unused=True)
-            out.append([torch.zeros_like(p) if x is None else x for p, x in zip(params, g)])
-        self._withhold(*out)
+        tapped, self._tapped = self._tapped, {}
+        # Each pass stops at the projections' outputs (the activation gradients δ only); the weight
+        # gradient is then multiplied out on the withheld rows or columns alone (Tap.withheld).
+        keep = 1 - self.cfg.capo_gamma
+        for code, name in ((ACTION, "act"), (ARGS, "args")):
+            need = [i for i, t in enumerate(self.taps) if t.idx[code].numel() and i in tapped]
+            deltas = torch.autograd.grad(h, [tapped[i][1] for i in need], grad_outputs=dh * (pos == code).unsqueeze(-1).to(dh.dtype),
+                                         retain_graph=True, allow_unused=True)
+            sq = torch.zeros((), device=h.device)
+            for i, d in zip(need, deltas):
+                if d is None:
+                    continue
+                x = tapped[i][0]
+                for p, dim, idx, g in self.taps[i].withheld(code, x.reshape(-1, x.size(-1)), d.reshape(-1, d.size(-1))):
+                    self._pending.append((p, dim, idx, -keep * g))
+                    sq = sq + (g.float() ** 2).sum()
+            self._log_mean(f"grad_norm/{name}_withheld", keep * torch.sqrt(sq))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if self._pending is not None:
-            for (p, _, _), g in zip(self.routes, self._pending):
-                if self.accelerator.num_processes > 1:  # routed grads bypass DDP's hooks
-                    g = self.accelerator.reduce(g, reduction="mean")
-                p.grad = g if p.grad is None else p.grad + g
-            self._pending = None
+        for p, dim, idx, g in self._pending:
+            if self.accelerator.num_processes > 1:  # routed grads bypass DDP's hooks
+                g = self.accelerator.reduce(g, reduction="mean")
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if dim is None:
+                p.grad += g
+            else:
+                p.grad.index_add_(dim, idx, g.to(p.grad.dtype))
+        self._pending = []
         return loss
 
     # -- freezing (capo_remainder: leak) ------------------------------------------------------------

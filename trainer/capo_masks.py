@@ -10,6 +10,8 @@ belong to the partition when any query head of its group does."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from harnessrl.errors import UserError
@@ -73,3 +75,47 @@ def withheld_masks(m_act: dict, m_args: dict) -> list[tuple[torch.nn.Parameter, 
     (the args partition less the action one), C_args the converse. Elements in both partitions, or in
     neither (the shared remainder: embeddings, norms, LM head, unselected units), have C = 0."""
     return [(p, m_args[p] * (1 - m_act[p]), m_act[p] * (1 - m_args[p])) for p in m_act if p.requires_grad]
+
+
+@dataclass
+class Tap:
+    """A routed projection for the fast path (trainer/capo.py): `idx[code]` are the output rows
+    (`rows`; with the bias) or input columns where class `code`'s gradient is withheld."""
+
+    linear: torch.nn.Linear
+    rows: bool
+    idx: dict[int, torch.Tensor]
+
+    def withheld(self, code: int, x: torch.Tensor, delta: torch.Tensor) -> list[tuple[torch.nn.Parameter, int, torch.Tensor, torch.Tensor]]:
+        """(parameter, dim, indices, gradient there) of the class-`code` loss, from the projection's
+        input x (N, in) and the gradient δ (N, out) at its output: ∂L/∂W = δᵀx, restricted to the
+        withheld rows (δ[:, rows]ᵀx) or columns (δᵀx[:, cols]), so only those are multiplied out."""
+        i = self.idx[code]
+        if self.rows:
+            d = delta[:, i]
+            out = [(self.linear.weight, 0, i, d.t() @ x)]
+            if self.linear.bias is not None:
+                out.append((self.linear.bias, 0, i, d.sum(0)))
+            return out
+        return [(self.linear.weight, 1, i, delta.t() @ x[:, i])]
+
+
+def taps(model: torch.nn.Module, routes: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]]) -> list[Tap]:
+    """The projections whose weights `withheld_masks` routes (a bias goes with its weight's rows)."""
+    from harnessrl.samples import ACTION, ARGS
+
+    linear_of = {m.weight: m for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    found = []
+    for p, c_act, c_args in routes:
+        linear = linear_of.get(p)
+        if linear is None:
+            continue
+        rows = c_act.size(1) == 1  # (out, 1): rows; (1, in): columns
+
+        def where(c: torch.Tensor) -> torch.Tensor:
+            return (c[:, 0] if rows else c[0]).nonzero().flatten()
+
+        tap = Tap(linear, rows, {ACTION: where(c_act), ARGS: where(c_args)})
+        if any(i.numel() for i in tap.idx.values()):
+            found.append(tap)
+    return found
