@@ -290,3 +290,23 @@ def test_no_attack_scores_more_than_doing_nothing_or_fails_its_rollout(coding):
             assert result.metrics.get("capped") == 1.0, mode
     log = next((coding["root"] / "out-hunt").rglob("*.log")).read_text()
     assert "found 0" in log, log  # nothing it could read held the reference
+
+
+def test_links_the_agent_made_come_back_as_links_and_nothing_is_written_through_them(ws, tmp_path):
+    outside = tmp_path / "host-folder"
+    outside.mkdir()
+    code = f"""
+        import os
+        os.symlink({str(outside)!r}, "out")  # a folder of the host
+        os.symlink("/etc/passwd", "passwd")
+        os.makedirs("pkg"); open("pkg/mod.py", "w").write("x = 1")
+        try:
+            open("out/planted", "w").write("x")
+        except OSError as exc:
+            print("through", type(exc).__name__)  # the host folder is read-only in the sandbox
+    """
+    done, out = _run(code, ws)
+    assert done.code == 0 and "through OSError" in out, out
+    assert os.readlink(ws / "out") == str(outside) and os.readlink(ws / "passwd") == "/etc/passwd"
+    assert (ws / "pkg" / "mod.py").read_text() == "x = 1"
+    assert list(outside.iterdir()) == []

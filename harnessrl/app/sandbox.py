@@ -290,8 +290,10 @@ def argv_for(cmd: list[str] | str, limits: Limits, mounts: Mounts, host_relay: H
 def _unpack_argv(ws: Path) -> list[str]:
     """A sandbox that can write the host workspace and nothing else, unpacking a tar from stdin:
     whatever links the agent put in the tar, nothing outside the workspace is written through them."""
-    return ["bwrap", *_base_args(), "--tmpfs", str(ROOT), "--bind", str(ws), str(ws), "--",
-            sys.executable, "-I", "-c", UNPACK, str(ws)]
+    tar = shutil.which("tar")  # GNU tar starts in a few ms, a Python in tens
+    unpack = [tar, "-x", "--no-same-owner", "-f", "-", "-C", str(ws)] if tar else [sys.executable, "-I", "-c", UNPACK,
+                                                                                   str(ws)]
+    return ["bwrap", *_base_args(), "--tmpfs", str(ROOT), "--bind", str(ws), str(ws), "--", *unpack]
 
 
 def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mounts: Mounts,
