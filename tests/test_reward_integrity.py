@@ -110,6 +110,9 @@ ATTACKS = {
         {"pytest.ini": "[pytest]\npython_files = nothing_*.py\n", "{pkg}/pytest.ini": "[pytest]\npython_files = x\n",
          "tox.ini": "[pytest]\naddopts = --co\n", "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k nothing'\n"}),
     "raise SystemExit(0) in the package": _init("raise SystemExit(0)\n"),
+    "pytest.exit(returncode=0) at import": _module_tail("import pytest\npytest.exit('done', returncode=0)\n"),
+    "the tests' module skipped from the package": _module_tail(
+        "import pytest\npytest.skip('not today', allow_module_level=True)\n"),
     "__init__ patches builtins and the assertion rewriter": _init("""
         import builtins, _pytest.assertion.rewrite as rewrite
         builtins.AssertionError = type("AssertionError", (BaseException,), {})
