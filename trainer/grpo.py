@@ -62,7 +62,8 @@ def grpo_args(cfg: TrainConfig, micro: int = 1, checkpointing: bool = False, **e
         save_strategy="no",
         dataloader_drop_last=True,
         disable_tqdm=False,
-        gradient_checkpointing=checkpointing,  # TRL's default is on; off is faster for short samples
+        activation_checkpointing=checkpointing,  # TRL's default is on; off is faster for short samples
+        dataloader_pin_memory=torch.cuda.is_available(),  # nothing to pin to without a GPU (torch warns)
     )
     if world > 1 and not torch.cuda.is_available():
         kwargs["use_cpu"] = True  # accelerate starts gloo data parallelism on CPU only when told so
