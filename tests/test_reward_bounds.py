@@ -35,6 +35,9 @@ for where in (".", os.environ["HOME"], os.environ["TMPDIR"], "/dev/shm"):
         print(where, type(exc).__name__, exc.errno)
 raise SystemExit(1)  # the harness crashes on a full disk
 """
+# the kernel exempts root from RLIMIT_NPROC: as root, only a pids cgroup caps a fork bomb
+UNCAPPED_SKIP = pytest.mark.skipif(os.geteuid() == 0 and pids_base() is None,
+                                   reason="no process cap can be set here: a fork bomb is not run uncapped")
 BOMB = """
 import os, time
 for _ in range(9):
@@ -106,7 +109,7 @@ def _host_processes() -> int:
     return sum(1 for p in os.listdir("/proc") if p.isdigit())
 
 
-@pytest.mark.skipif(os.geteuid() == 0 and pids_base() is None, reason="no process cap can be set here: not run uncapped")
+@UNCAPPED_SKIP
 def test_a_fork_bomb_stops_at_the_process_cap_and_leaves_nothing_on_the_host(ws):
     before, peak, stop = _host_processes(), [0], threading.Event()
 
@@ -278,7 +281,7 @@ def _rollout(s, mode: str):
     return h.run(s["url"], s["rows"][0], f"g-{mode}", f"run-{mode}", 1.0)
 
 
-@pytest.mark.skipif(os.geteuid() == 0 and pids_base() is None, reason="no process cap can be set here: not run uncapped")
+@UNCAPPED_SKIP
 def test_no_attack_scores_more_than_doing_nothing_or_fails_its_rollout(coding):
     nothing = _rollout(coding, "nothing")
     assert nothing.error is None and 0 < nothing.outcome < 1  # the bug task: some hidden cases pass as given

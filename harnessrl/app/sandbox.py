@@ -115,8 +115,8 @@ def check_limits(limits: Limits) -> None:
     if limits.sandbox == "bwrap":
         _bwrap_works()
         if limits.procs and os.geteuid() == 0 and pids_base() is None:
-            raise UserError("--max-procs: as root no process cap can be set here (root ignores RLIMIT_NPROC and no pids "
-                            "cgroup can be made); run as another user, or pass --max-procs 0 for no cap")
+            raise UserError("--max-procs: as root no process cap can be set here (root ignores RLIMIT_NPROC and no "
+                            "pids cgroup can be made); run as another user, or pass --max-procs 0 for no cap")
 
 
 @functools.cache

@@ -123,9 +123,11 @@ class CappedOutput:
     def _emit(self, data: bytes) -> None:
         if self.on_line is not None:
             self.on_line(data)
+        elif hasattr(self.out, "buffer"):  # a text file: the bytes go under its encoding
+            self.out.buffer.write(data)
         else:
             assert self.out is not None
-            self.out.buffer.write(data) if hasattr(self.out, "buffer") else self.out.write(data)
+            self.out.write(data)
 
     def _copy(self) -> None:
         head = max(0, self.limit - OUTPUT_TAIL) if self.limit else None

@@ -9,7 +9,7 @@ It sets the per-process limits (inherited by everything the command starts), lis
 network this is the only way out, and it leads to the proxy alone. With `--export-fd` (only ever
 given inside bubblewrap, where it is pid 2 of its own pid namespace) it first copies the read-only
 SEED into the size-capped WORKSPACE, and after ARGV ends kills every other process of the
-sandbox, then writes to FD a JSON line (the exit code, the caps that were hit) and the workspace as
+sandbox, then writes to FD a JSON line (the caps that were hit) and the workspace as
 a tar: the host keeps that, never a folder the agent could write. Standard library only: it is
 run by path with `-I`, not imported.
 """
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
             os.kill(-1, signal.SIGKILL)  # all the sandbox's other processes: the tree handed back is final
         except ProcessLookupError:
             pass  # there were none
-        _export(args.export_fd, args.workspace, {"code": code, "capped": hit})
+        _export(args.export_fd, args.workspace, {"capped": hit})
     return code
 
 
