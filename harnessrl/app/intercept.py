@@ -99,7 +99,8 @@ class Interceptor:
 
     def env(self, identity: str | None = None) -> dict[str, str]:
         """The variables that send a client through mitmdump and make it trust the CA. `identity`
-        (`hrl-<rollout>-<agent>`) goes in the proxy URL's username, so one mitmdump can serve many rollouts."""
+        (`hrl-<rollout>-<agent>`, or a rollout's key `hrl-…:rk_…`, which `run` and `loop --cmd` pass) goes
+        in the proxy URL's username, so one mitmdump can serve many rollouts."""
         url = self.url
         if identity:
             parts = urlsplit(url)
