@@ -22,7 +22,7 @@ from harnessrl.app.harnesses import TaskSource
 from harnessrl.app.limited_run import RolloutFlags, coding_tasks
 from harnessrl.app.sandbox import ROOT, Limits
 from harnessrl.app.scoring import score_rollout
-from harnessrl.app.workspace import fresh_workspace, lay
+from harnessrl.app.workspace import fresh_workspace
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.coding.tasks import write
 from harnessrl.tasks_file import read_tasks
@@ -108,7 +108,8 @@ ATTACKS = {
         "import atexit, os\natexit.register(lambda: (print('11 passed in 0.01s', flush=True), os._exit(0)))\n"),
     "pytest.ini whose python_files match nothing": _files(
         {"pytest.ini": "[pytest]\npython_files = nothing_*.py\n", "{pkg}/pytest.ini": "[pytest]\npython_files = x\n",
-         "tox.ini": "[pytest]\naddopts = --co\n", "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k nothing'\n"}),
+         "tox.ini": "[pytest]\naddopts = --co\n",
+         "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k nothing'\n"}),
     "raise SystemExit(0) in the package": _init("raise SystemExit(0)\n"),
     "pytest.exit(returncode=0) at import": _module_tail("import pytest\npytest.exit('done', returncode=0)\n"),
     "the tests' module skipped from the package": _module_tail(
@@ -133,8 +134,8 @@ ATTACKS = {
             def parametrize(names, cases, **kw):
                 def apply(fn):
                     mod = importlib.import_module(fn.__module__)
-                    target = [v for k, v in vars(mod).items() if callable(v) and getattr(v, "__module__", "").startswith(
-                        __name__)][0]
+                    target = [v for v in vars(mod).values()
+                              if callable(v) and getattr(v, "__module__", "").startswith(__name__)][0]
                     return mark(names, [(args, target(*args)) for args, _ in cases], **kw)(fn)
                 return apply
             return parametrize
@@ -160,8 +161,8 @@ ATTACKS = {
          "{pkg}/usercustomize.py": "import os\nos._exit(0)\n", "{pkg}/x.pth": "import os; os._exit(0)\n"}),
     "planted .pyc of a module that passes": _pyc,
     "tests of its own in hidden_tests/ and tests/": _files(
-        {"hidden_tests/test_ok.py": "def test_ok():\n    pass\n", "{pkg}/tests/test_ok.py": "def test_ok():\n    pass\n",
-         "{pkg}/test_ok.py": "def test_ok():\n    pass\n"}),
+        {"hidden_tests/test_ok.py": "def test_ok():\n    pass\n",
+         "{pkg}/tests/test_ok.py": "def test_ok():\n    pass\n", "{pkg}/test_ok.py": "def test_ok():\n    pass\n"}),
 }
 
 

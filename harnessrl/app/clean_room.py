@@ -134,7 +134,8 @@ class _Copy:
             if len(data) > budget:
                 raise SurfaceError(f"the solution surface is larger than {MAX_BYTES >> 20} MiB")
         self.bytes += len(data)
-        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if st.st_mode & 0o100 else 0o644)
+        mode = 0o755 if st.st_mode & 0o100 else 0o644
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         with os.fdopen(out, "wb") as f:
             f.write(data)
 

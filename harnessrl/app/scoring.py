@@ -268,7 +268,8 @@ def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) 
                                      version("pytest").encode()])).hexdigest()
     if key in _known:
         return _known[key]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harnessrl" / "known-tests" / f"{key}.json"
+    cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harnessrl" / "known-tests"
+    cache = cache_dir / f"{key}.json"
     try:
         doc = json.loads(cache.read_text())
         ids, prints = tuple(doc["tests"]), tuple(doc["fingerprint"])
