@@ -239,6 +239,33 @@ def test_a_task_whose_hidden_tests_fail_on_its_reference_is_an_error_at_load(tas
         coding_tasks(read_tasks(bad), bad, RolloutFlags())
 
 
+def test_a_tasks_own_reward_cmd_runs_in_the_clean_room_without_the_rollouts_keys(task, monkeypatch, tmp_path):
+    """Its reward is read from its output (the user's command, the user's to trust), but over the
+    clean room and in an environment without the proxy's key or Python's variables."""
+    from dataclasses import replace
+
+    from harnessrl.app.scoring import score_in_place
+
+    monkeypatch.setenv("OPENAI_API_KEY", "hrl-x-main:operator-secret")
+    monkeypatch.setenv("PYTHONPATH", "/planted")
+    cmd = f"env; PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {sys.executable} -m pytest -q -p no:cacheprovider hidden_tests"
+    own = replace(task["task"], reward_cmd=cmd)
+    limits = Limits(sandbox="bwrap", timeout=60)
+    ws = fresh_workspace(own)
+    try:
+        _files({"conftest.py": FORCE_PASS})(ws, task)
+        attacked = score_rollout(own, ws, cmd, "pass-fraction", limits, ())
+        (ws / task["module"]).write_text(task["fixed"])
+        fixed = score_rollout(own, ws, cmd, "pass-fraction", limits, ())
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+    assert attacked.reward == pytest.approx(task["nothing"]) and fixed.reward == 1.0, attacked.metadata
+    assert "operator-secret" not in attacked.metadata["output"] and "/planted" not in attacked.metadata["output"]
+    # no pristine workspace (`harnessrl run --reward-cmd` in your own folder): scored where it is
+    (tmp_path / "ok").write_text("")
+    assert score_in_place(tmp_path, "test -f ok", "all-pass", limits, ()).reward == 1.0
+
+
 # End to end: `loop --cmd`'s runner (a rollout, its harness in the sandbox, then the scoring)
 WAITER = """
 import os, subprocess, sys
