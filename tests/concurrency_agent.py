@@ -38,8 +38,10 @@ def main() -> int:
                     headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=60).json()["run"]
     mine = a.markers / run
     mine.mkdir(parents=True, exist_ok=True)
+    # which keys it was given: its rollout's own, never the operator's (issue 42)
+    keys = {"operator": os.environ.get("HARNESSRL_PROXY_API_KEY"), "openai": os.environ.get("OPENAI_API_KEY")}
     (mine / f"{rollout}.start").write_text(json.dumps({"pid": os.getpid(), "task": task["id"],
-                                                       "raylet": os.environ.get("RAY_RAYLET_PID")}))
+                                                       "raylet": os.environ.get("RAY_RAYLET_PID"), "keys": keys}))
     client = OpenAI(max_retries=0, timeout=120)  # OPENAI_BASE_URL and OPENAI_API_KEY: the rollout's
     answer = client.chat.completions.create(model="policy", max_tokens=8, temperature=1.0,
                                             messages=[{"role": "user", "content": task["input"]}])

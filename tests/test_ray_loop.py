@@ -52,7 +52,9 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
            "--cmd", f"{sys.executable} {AGENT} {{task}} {markers} --barrier 4 --sleep 8", "--tasks", str(tasks),
            "--reward-from", "stdout-json", "--model", str(tiny_model_dir), "--out", str(out), "--rounds", "1",
            "--group-size", "2", "--eval-fraction", "0.34", "--steps", "1", "--batch-size", "4", "--concurrency", "4"]
-    loop = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the operator's key reaches the Ray workers' runners, never the rollouts' programs (issue 42)
+    env = {**os.environ, "HARNESSRL_PROXY_API_KEY": "op-sekret"}
+    loop = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     # four training rollouts at once on two nodes of two CPUs: both nodes run two each
     round_dir, deadline = markers / "round-0-a1", time.time() + 400
     while len(list(round_dir.glob("*.start"))) < 4 and time.time() < deadline and loop.poll() is None:
@@ -63,6 +65,8 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
     c.remove_node(workers[1], allow_graceful=False)  # the raylet and its workers killed mid-rollout
     output, _ = loop.communicate(timeout=600)
     assert loop.returncode == 0, output[-3000:]
+    keys = [json.loads(p.read_text())["keys"] for p in round_dir.glob("*.start")]
+    assert keys and all(k["operator"] is None and k["openai"].split(":")[1].startswith("rk_") for k in keys)
     assert set(started.values()) == set(raylets)  # rollouts ran on both nodes
     assert on_victim  # killed mid-rollout: every rollout waits for all four to start, then sleeps 8 s
 
