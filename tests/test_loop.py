@@ -115,3 +115,25 @@ def test_sft_targets_only_what_the_model_generates_and_lowers_the_loss(tiny_mode
     out = sft(SftConfig(tasks=str(tasks), model=str(tiny_model_dir), out=str(tmp_path / "warm"), steps=8, batch_size=4))
     after = sft_loss(AutoModelForCausalLM.from_pretrained(out), tok, seqs)
     assert after < before
+
+
+def test_capo_loop_without_a_success_trains_unrouted_with_the_papers_rewards(tiny_model_dir, tmp_path):
+    # issue 41: the tiny model never succeeds on the toolbox family; `--n-tasks 6` of the issue's
+    # command (here 3, for time) once exited "no successful rollout in the samples to probe" before it trained
+    out = tmp_path / "loop"
+    res = subprocess.run(LOOP + ["loop", "--harness", "toolbox", "--algo", "capo", "--model", str(tiny_model_dir),
+                                 "--out", str(out), "--rounds", "1", "--steps", "1", "--n-tasks", "3", "--eval-fraction",
+                                 "0.34", "--group-size", "2", "--batch-size", "4", "--concurrency", "4"],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    state = _state(out)
+    assert [r["round"] for r in state["rounds"]] == [0] and state["rounds"][0]["train_success"] == 0.0
+    assert "capo: no partition yet" in res.stdout
+    # one partition path for the whole loop (built by the trainer at the first success, then reused),
+    # and the KL reference fixed at the policy the loop started from
+    trained = json.loads((out / "round-0-a1" / "train_config.json").read_text())
+    assert trained["partition"] == str(out / "capo_partition.pt") and not (out / "capo_partition.pt").exists()
+    assert trained["ref_model"] == str(tiny_model_dir)
+    # the Harness-RL paper's rewards: outcome + decision-level process rewards
+    options = json.loads((out / "round-0-a1" / "samples" / "stats.json").read_text())["options"]
+    assert options["process"] == ["tool_format", "dispatch_ok"] and options["advantage"] == "harness"

@@ -30,22 +30,20 @@ from typing import Any
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
-from harnessrl.algorithms import get_algorithm
+from harnessrl.algorithms import get_algorithm, process_rewards
 from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, settle
 from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
 from harnessrl.app.loop_config import LoopConfig, Teacher
 from harnessrl.app.run_cmd import owned_proxy  # a key only this process holds (rollouts get their own)
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
-from harnessrl.compiler.pipeline import CompileOptions, Compiler
+from harnessrl.compiler.pipeline import PROCESS_REWARDS, CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
 from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig
-from harnessrl.trainer.capo_partition import build_partition, write_outputs
 from harnessrl.trainer.config import TrainConfig, config_dict, load_config
-from harnessrl.trainer.data import load_samples
 from harnessrl.trainer.push import push
-from harnessrl.trainer.run import load_model, train
+from harnessrl.trainer.run import train
 from harnessrl.trainer.sft import SftConfig, sft
 
 
@@ -139,6 +137,9 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     hf_logging.disable_progress_bar()  # per-round weight loading/saving bars would drown the round table
     console = console or Console()
     algo = get_algorithm(cfg.algo)
+    unknown = [p for p in process_rewards(algo, cfg.process) if p not in PROCESS_REWARDS]
+    if unknown:
+        raise UserError(f"--process {unknown[0]!r}: use {', '.join(PROCESS_REWARDS)} or none")
     if not (Path(cfg.model) / "config.json").is_file():
         raise UserError(f"--model {cfg.model}: not a model directory (no config.json)")
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,7 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     if h.tasks_file:
         import_tasks(db, h.tasks_file)  # references and expert traces for compile-time rewards and PACT
     # a bad --train-config fails now, not after the first round's rollouts (CAPO's partition is made later)
-    _train_config(cfg, cfg.out, cfg.model, cfg.out, 0, cfg.partition or "made from round data")
+    _train_config(cfg, cfg.out, cfg.model, cfg.out, 0, cfg.partition or "made from round data", cfg.model)
     state_path = cfg.out / "loop_state.json"
     state = LoopState.load(state_path, cfg.model)
     interrupted = state.attempts if state_path.exists() else None  # the attempt a killed loop was in
@@ -202,13 +203,13 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
             samples_dir = cfg.out / tag / "samples"
             # exactly the counted rollouts (where the results name them), of this run tag only
             stats = Compiler(db, CompileOptions(out=samples_dir, advantage=algo.advantage,
+                                                process=process_rewards(algo, cfg.process),
                                                 train_agents=algo.train_agents, run=tag, reward=cfg.reward,
                                                 tokenizer=cfg.model, rollouts=counted(results) or ())).run()
             totals = stats["totals"]
-            partition = cfg.partition
-            if cfg.algo == "capo" and partition is None:
-                partition = str(_capo_partition(samples_dir, state.model, cfg.out / tag / "partition.pt"))
-            train_cfg = _train_config(cfg, samples_dir, state.model, cfg.out / tag / "checkpoints", r, partition)
+            partition = _partition(cfg, console)
+            train_cfg = _train_config(cfg, samples_dir, state.model, cfg.out / tag / "checkpoints", r, partition,
+                                      _initial_policy(cfg, state))
             (cfg.out / tag / "train_config.json").write_text(json.dumps(config_dict(train_cfg), indent=2))
             result = train(train_cfg)
             version = push(proxy.url, result.checkpoint, result.version)
@@ -257,12 +258,14 @@ def _proxy_config(cfg: LoopConfig, db: str, state: LoopState, host: str) -> Prox
                        host=host)
 
 
-def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int, partition: str | None) -> TrainConfig:
+def _train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, r: int, partition: str | None,
+                  ref_model: str) -> TrainConfig:
     """Round r's trainer options: --train-config's, under the loop's own flags. PACT's schedules (λ_a,
-    the reasoning level) anneal once over all rounds, as over the paper's whole training."""
+    the reasoning level) anneal once over all rounds, as over the paper's whole training; the KL
+    reference is the initial policy in every round."""
     return load_config(cfg.train_config, dict(
         samples=str(samples), model=model, algo=cfg.algo, out=str(out), steps=cfg.steps, batch_size=cfg.batch_size,
-        lr=cfg.lr, seed=cfg.seed + r, temperature=cfg.temperature, partition=partition,
+        lr=cfg.lr, seed=cfg.seed + r, temperature=cfg.temperature, partition=partition, ref_model=ref_model,
         pact_schedule_start=r * cfg.steps, pact_schedule_steps=cfg.rounds * cfg.steps))
 
 
@@ -286,10 +289,24 @@ def _teacher_round(cfg: LoopConfig, ex: Executor, t: Teacher, h: HarnessTasks, d
     return out
 
 
-def _capo_partition(samples_dir: Path, model: str, out: Path) -> Path:
-    net, _ = load_model(model)
-    partition, report = build_partition(net, load_samples(samples_dir).samples)
-    return write_outputs(partition, report, out)[0]
+def _partition(cfg: LoopConfig, console: Console) -> str | None:
+    """CAPO's one partition file for the whole loop (the paper's partitions are static, built once
+    from a probing set): `--partition`, else `<out>/capo_partition.pt`, which the trainer builds
+    from the first round's samples that hold a successful rollout and reuses after; until then
+    each round trains unrouted (trainer/capo_partition.py)."""
+    if cfg.algo != "capo":
+        return cfg.partition
+    path = cfg.partition or str(cfg.out / "capo_partition.pt")
+    if not Path(path).is_file():
+        console.print(f"capo: no partition yet; {path} is built from this round's successful rollouts, or the round "
+                      "trains unrouted if it has none")
+    return path
+
+
+def _initial_policy(cfg: LoopConfig, state: LoopState) -> str:
+    """The policy RL starts from: the teacher warm-up's checkpoint, else --model. The KL reference of
+    every round (PACT's paper keeps it fixed at the initial policy for all of training)."""
+    return (state.teacher or {}).get("checkpoint") or cfg.model
 
 
 def round_table(state: LoopState) -> Table:

@@ -52,13 +52,17 @@ class LoopConfig:
         None, panel=HARNESS, help="Search harnesses: corpus JSONL for a real --tasks QA file.")
     n_tasks: int = option(8, panel=HARNESS, help="Tasks to use (generated or first of --tasks).")
     eval_fraction: float = option(0.25, panel=HARNESS, help="Fraction of the tasks held out for evaluation.")
+    process: str | None = option(  # compile's process rewards; default: the --algo's paper's (harnessrl/algorithms.py)
+        None, panel=TRAINING, help="Process rewards compiled beside the outcome, comma-separated: tool_format, "
+        "dispatch_ok, matchtir; none: outcome only (default: the --algo's paper's; capo: tool_format,dispatch_ok).")
     steps: int = option(2, panel=TRAINING, help="Optimizer steps per round.")
     batch_size: int = option(8, panel=TRAINING, help="Samples per optimizer step.")
     lr: float = option(1e-4, panel=TRAINING, help="Learning rate.")
     temperature: float = option(1.0, panel=ROLLOUTS, help="Sampling temperature of training rollouts.")
     concurrency: int = option(8, panel=ROLLOUTS, help="Rollouts in flight at once.")
     seed: int = option(0, panel=TRAINING, help="Seed of tasks, sampling and training.")
-    partition: str | None = None  # capo: a partition file; default: computed from round 0's data
+    # capo: one partition file for the loop; default OUT/capo_partition.pt (the trainer builds it at the first success)
+    partition: str | None = None
     cmd: str | None = option(  # an external program as the harness, instead of `harness`
         None, panel=HARNESS, help="Instead of --harness: a shell line run per task and sample, with {task} (JSON "
         "file: id, input), {input} (the task statement), {task_id}, {base_url}, {rollout}, {temperature}; "
