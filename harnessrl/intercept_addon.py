@@ -126,7 +126,10 @@ class Intercept:
         for name in _SECRET_HEADERS + _IDENTITY_HEADERS:
             req.headers.pop(name, None)
         if identity:
-            key = identity if ":" in identity or not self.proxy_key else f"{identity}:{self.proxy_key}"
+            # the operator's key completes a bare identity (`harnessrl intercept`); a rollout's own key
+            # (`hrl-…`, what `run` gives) is only the default of calls that carry none
+            operator = self.proxy_key and not self.proxy_key.startswith("hrl-")
+            key = f"{identity}:{self.proxy_key}" if operator and ":" not in identity else identity
             req.headers["authorization"] = f"Bearer {key}"
         else:
             if ctx.options.hrl_rollout:
