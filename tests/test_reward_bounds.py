@@ -174,7 +174,7 @@ def test_a_hidden_folder_that_holds_what_the_sandbox_runs_hides_everything_else_
     (proj / "runs" / "runs.db").write_text("secret")
     monkeypatch.setenv("PATH", f"{proj / 'bin'}{os.pathsep}{os.environ['PATH']}")
     code = f"""
-        import os, subprocess, harnessrl.harness_examples.coding.tasks
+        import os, subprocess, harnessrl.harness_examples.coding.agent  # what the sandbox runs: importable
         print("entries", sorted(os.listdir({str(proj)!r})))
         print("runs", os.listdir({str(proj / "runs")!r}))
         try:
@@ -194,7 +194,7 @@ def test_a_hidden_folder_that_holds_what_the_sandbox_runs_hides_everything_else_
 
 AGENT = """
 import json, os, sqlite3, sys, time
-mode, task_file, root = sys.argv[1:4]
+mode, task_file, root, cache = sys.argv[1:5]
 task = json.load(open(task_file))
 if mode == "fill":
     for where in (".", os.environ["HOME"], os.environ["TMPDIR"]):
@@ -238,11 +238,28 @@ if mode == "hunt":  # every place the hidden tests or the reference could be rea
                         rows_in(open(path, errors="replace").read(), path)
                 except Exception:
                     pass
-    from harnessrl.harness_examples.coding.tasks import generate
-    for salt in (None, "", "0", "5"):  # the installed generator, with the seed the tasks were made with
-        train, held = generate(4, 0, seed=5, salt=salt)
-        found += [r["reference"] for r in train + held if r["id"] == task["id"]]
-        print("in generate", salt)
+    # the host's harnessrl cache: known tests named by their cases would give the answers in order
+    print("cache", sum(len(files) for _, _, files in os.walk(cache)))
+    try:  # the installed generator, with the seed the tasks were made with (its templates hold the fixes)
+        from harnessrl.harness_examples.coding.tasks import generate
+        for salt in (None, "", "0", "5"):
+            found += [r["reference"] for r in generate(4, 0, seed=5, salt=salt)[0] if r["id"] == task["id"]]
+    except Exception as exc:
+        print("generator", type(exc).__name__)
+    import subprocess, harnessrl.harness_examples.coding as family  # its source, bytecode, the checkout's git
+    folder = family.__path__[0]
+    cached = os.path.join(folder, "__pycache__")
+    compiled = [os.path.join(cached, n) for n in os.listdir(cached)] if os.path.isdir(cached) else []
+    for path in [os.path.join(folder, "tasks.py"), os.path.join(folder, "templates.py"), *compiled]:
+        try:
+            if b"TEMPLATES" in open(path, "rb").read():
+                print("source in", path)
+        except OSError:
+            pass
+    shown = subprocess.run(["git", "-C", folder, "show", "HEAD:harness_examples/coding/templates.py"],
+                           capture_output=True, text=True)
+    if "TEMPLATES" in shown.stdout:
+        print("source in git")
     found = [ref for ref in found if isinstance(ref, dict) and all(os.path.isfile(p) for p in ref)]  # this task's
     print("found", len(found))
     for ref in found:
@@ -276,8 +293,10 @@ def _rollout(s, mode: str):
 
     flags = RolloutFlags(sandbox="bwrap", timeout=120, procs=PROCS, file_size=4 << 20, disk=DISK)
     src = TaskSource(s["tasks"], None, s["root"] / f"out-{mode}", 8, 0.0, 0)
-    h = cmd_harness(f"{sys.executable} {s['root'] / 'agent.py'} {mode} {{task}} {s['root']}", src, None, False, flags,
-                    hidden=db_files(str(s["db"])))
+    from harnessrl.app.sandbox import private_cache
+
+    h = cmd_harness(f"{sys.executable} {s['root'] / 'agent.py'} {mode} {{task}} {s['root']} {private_cache()}", src,
+                    None, False, flags, hidden=db_files(str(s["db"])))
     return h.run(s["url"], s["rows"][0], f"g-{mode}", f"run-{mode}", 1.0)
 
 
@@ -292,7 +311,7 @@ def test_no_attack_scores_more_than_doing_nothing_or_fails_its_rollout(coding):
         if mode in ("fill", "bomb"):
             assert result.metrics.get("capped") == 1.0, mode
     log = next((coding["root"] / "out-hunt").rglob("*.log")).read_text()
-    assert "found 0" in log, log  # nothing it could read held the reference
+    assert "found 0" in log and "cache 0" in log and "source in" not in log, log  # nothing held the reference
 
 
 def test_links_the_agent_made_come_back_as_links_and_nothing_is_written_through_them(ws, tmp_path):

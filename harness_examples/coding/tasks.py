@@ -66,7 +66,8 @@ def same(got, want):
 def _tests(pkg: str, mod: str, fn: str, cases: list[tuple[tuple, Any]]) -> str:
     rows = "".join(f"    ({args!r}, {expected!r}),\n" for args, expected in cases)
     return (f"import pytest\n\nfrom {pkg}.{mod} import {fn}\n\nCASES = [\n{rows}]\n{SAME}\n\n"
-            f"@pytest.mark.parametrize(\"args, expected\", CASES)\n"
+            # ids by position: values in the node ids would show the expected answers to whoever sees the ids
+            f"@pytest.mark.parametrize(\"args, expected\", CASES, ids=[f\"case{{i}}\" for i in range(len(CASES))])\n"
             f"def test_{fn}(args, expected):\n    got = {fn}(*args)\n    assert same(got, expected), (got, expected)\n")
 
 

@@ -228,6 +228,26 @@ def _keep() -> set[Path]:
     return {Path(p).resolve() for p in paths if p and os.path.isabs(p)}
 
 
+def private_cache() -> Path:
+    """harnessrl's cache (the known tests of tasks, whose node ids name their cases): hidden from every sandbox."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harnessrl"
+
+
+@functools.cache
+def generator_sources() -> tuple[Path, ...]:
+    """The coding family's generator and templates (every template's correct body is in them: with
+    a task's docstring they are its reference), their bytecode, and the .git of a source checkout
+    that holds them: hidden from every sandbox. The built-in agent needs none of them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("harnessrl.harness_examples.coding")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    folder = Path(spec.submodule_search_locations[0]).resolve()
+    git = next((p / ".git" for p in folder.parents if (p / ".git").exists()), None)
+    return (folder / "tasks.py", folder / "templates.py", folder / "__pycache__", *([git] if git else []))
+
+
 def hide_args(path: Path, keep: set[Path]) -> list[str]:
     """bwrap arguments that hide `path` (a folder: all of it) but none of `keep`: a folder that
     holds some of them has its other entries hidden one by one, its dot-folders (tool installs
@@ -262,7 +282,7 @@ def argv_for(cmd: list[str] | str, limits: Limits, mounts: Mounts, host_relay: H
     size = ["--size", str(limits.disk)] if limits.disk else []
     args = ["bwrap", *_base_args(), *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     keep = _keep()
-    for path in mounts.hidden:
+    for path in (*mounts.hidden, private_cache(), *generator_sources()):
         args += hide_args(path.resolve(), keep)
     args += [*size, "--tmpfs", str(ROOT)]  # after the hiding: a hidden /tmp must not cover it
     for path in mounts.readable:
