@@ -332,3 +332,20 @@ def test_links_the_agent_made_come_back_as_links_and_nothing_is_written_through_
     assert os.readlink(ws / "out") == str(outside) and os.readlink(ws / "passwd") == "/etc/passwd"
     assert (ws / "pkg" / "mod.py").read_text() == "x = 1"
     assert list(outside.iterdir()) == []
+
+
+def test_as_root_without_a_pids_cgroup_a_process_cap_is_an_error_not_a_run_without_one(monkeypatch):
+    from harnessrl.app import sandbox
+    from harnessrl.app.cli_tracing import rollout_flags
+    from harnessrl.errors import UserError
+
+    monkeypatch.setattr(sandbox, "pids_base", lambda: None)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    with pytest.raises(UserError, match=r"^--max-procs: as root no process cap can be set here .*--max-procs 0"):
+        sandbox.check_limits(CAPS)
+    sandbox.check_limits(Limits(sandbox="bwrap", procs=None))  # --max-procs 0: no cap, asked for
+    with pytest.raises(UserError, match="--max-procs -1"):
+        rollout_flags(None, None, "8G", 3600, None, "pass-fraction", procs=-1)
+    with pytest.raises(UserError, match="--disk 'lots'"):
+        rollout_flags(None, None, "8G", 3600, None, "pass-fraction", disk="lots")
+    assert rollout_flags(None, None, "8G", 3600, None, "pass-fraction", procs=0, disk="0").procs is None
