@@ -112,8 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="optimizer steps per round (default: group × train tasks / batch size, every rollout once)")
     ap.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--ratio-to", choices=("behaviour", "step"), default="behaviour",
-                    help="logp_old of the clipped ratio (trainer option ratio_to, docs/methods.md §6; pact: step)")
+    ap.add_argument("--ratio-to", choices=("behaviour", "round", "step"), default="behaviour",
+                    help="logp_old of the clipped ratio (trainer option ratio_to, docs/methods.md §6; pact: round "
+                    "where behaviour is asked)")
     ap.add_argument("--beta", type=float, default=None, help="KL coefficient (trainer default when unset)")
     ap.add_argument("--negative-weight", type=float, default=1.0,
                     help="scale of negative advantages (trainer option negative_weight; 1: the methods' loss)")
@@ -261,9 +262,10 @@ def _write_results(path: Path, results: dict) -> None:
 
 
 def _train_options(path: Path, algo: str, args: argparse.Namespace) -> Path:
-    """The trainer options beyond the loop's flags, as a --train-config file. PACT keeps
-    ratio_to: step (its trace rows are scored under another context than they were sampled in)."""
-    ratio_to = "step" if algo == "pact" else args.ratio_to
+    """The trainer options beyond the loop's flags, as a --train-config file. PACT takes ratio_to:
+    round where behaviour is asked (its trace rows are scored under another context than they were
+    sampled in, so the trainer refuses behaviour for it); the round's start is the paper's π_old."""
+    ratio_to = "round" if algo == "pact" and args.ratio_to == "behaviour" else args.ratio_to
     path.write_text(f"ratio_to: {ratio_to}\nnegative_weight: {args.negative_weight}\n"
                     + (f"beta: {args.beta}\n" if args.beta is not None else ""))
     return path
