@@ -42,11 +42,12 @@ def register(app: typer.Typer) -> None:
         samples: Path = typer.Argument(..., help="Compiled samples directory (the probe set is taken from it)."),
         model: str = typer.Option(..., "--model", help="Model directory."),
         out: Path = typer.Option(Path("partition.pt"), "--out", help="Partition file; .json and .png are written beside it."),
-        rho: float = typer.Option(0.25, "--rho", help="Fraction of MLP units per layer in each partition."),
+        rho: float = typer.Option(0.25, "--rho", help="Fraction of each layer's MLP units and attention heads in each partition."),
+        units: str = typer.Option("heads_mlp", "--units", help="heads_mlp (attention heads and MLP units) | mlp (MLP units only)."),
         by: str = typer.Option("activation", "--by", help="activation | contrast (a_act − a_args)"),
         threshold: Optional[float] = typer.Option(None, "--threshold", help="Probe rollouts with outcome ≥ this (default: group best and > 0)."),
     ) -> None:
-        """Compute CAPO's action/args MLP-unit partitions and the layer-wise importance plot."""
+        """Compute CAPO's action/args partitions (attention heads and MLP units) and the layer-wise importance plot."""
         from rich.table import Table
 
         from harnessrl.trainer.capo_partition import build_partition, write_outputs
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
 
         data = load_samples(samples)
         m, _ = load_model(model)
-        part, report = build_partition(m, data.samples, rho=rho, by=by, threshold=threshold)
+        part, report = build_partition(m, data.samples, rho=rho, by=by, threshold=threshold, units=units)
         paths = write_outputs(part, report, out)
         table = Table(title=f"CAPO importance ({report['probe_samples']} probe samples)")
         for col in ("layer", "action", "args", "overlap"):
