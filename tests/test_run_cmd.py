@@ -149,6 +149,16 @@ def test_outcome_sources(tmp_path):
     assert outcome_of(None, 3, None, None) == (None, None)
     (tmp_path / "r").write_text('{"reward": true}')  # a bool is not a reward
     assert outcome_of(str(tmp_path / "r"), 0, None, tmp_path / "r")[0] is None
+    # the host never reads through what the command made: a link (to a file holding a reward the
+    # command could not write) and a FIFO (a read that never ends) are no reward
+    (tmp_path / "other").write_text("1.0")
+    (tmp_path / "link").symlink_to(tmp_path / "other")
+    value, warning = outcome_of(str(tmp_path / "link"), 0, None, tmp_path / "link")
+    assert value is None and "holds no reward" in warning
+    os.mkfifo(tmp_path / "fifo")
+    assert outcome_of(str(tmp_path / "fifo"), 0, None, tmp_path / "fifo")[0] is None
+    (tmp_path / "big").write_text("0.5" + " " * 10_000 + "9")  # read up to 4096 bytes: "0.5"
+    assert outcome_of(str(tmp_path / "big"), 0, None, tmp_path / "big")[0] == 0.5
 
 
 @pytest.mark.unit
@@ -160,3 +170,31 @@ def test_hosts_file_and_a_missing_mitmdump(tmp_path, monkeypatch):
         read_hosts(tmp_path / "bad.json")
     with pytest.raises(UserError, match=r"scripts/install.sh.*HARNESSRL_MITMDUMP"):
         find_mitmdump(str(tmp_path / "nope"))
+
+
+def test_a_loop_cmd_rollout_in_a_sandbox_sees_and_writes_only_its_own_reward_file(proxy, tmp_path):
+    """`--reward-from file` under bwrap: the folder bound writable for the reward file is the
+    rollout's own, so it holds no other rollout's log or reward file to read or overwrite."""
+    from harnessrl.app.cmd_harness import cmd_harness
+    from harnessrl.app.harnesses import TaskSource
+    from harnessrl.app.limited_run import RolloutFlags
+    from harnessrl.tasks_file import read_tasks
+
+    url, _ = proxy
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "q0", "input": "x", "reference": "y"}) + "\n")
+    out = tmp_path / "out"
+    # a group-mate's reward file where the old layout put it (beside the logs), and what this
+    # rollout tries: list its reward folder, zero every reward file it can reach, report 0.5
+    script = ('echo "entries $(ls -A "$(dirname "$HARNESSRL_REWARD_FILE")" | wc -l)"; '
+              f'for f in {out}/cmd/logs/*/*.reward; do echo 0 2>/dev/null > "$f"; done; '
+              'echo 0.5 > "$HARNESSRL_REWARD_FILE"; echo {task_id}')
+    h = cmd_harness(script, TaskSource(tasks, None, out, 1, 0.0, 0), "file", False, RolloutFlags(sandbox="bwrap"))
+    (out / "cmd" / "logs" / "r1").mkdir(parents=True)
+    mate = out / "cmd" / "logs" / "r1" / "q0.0.reward"
+    mate.write_text("1.0")
+    result = h.run(url, read_tasks(tasks)[0], "g", "r1", 1.0)
+    assert result.error is None and result.outcome == 0.5
+    assert mate.read_text() == "1.0"  # the group-mate's file is out of reach
+    log = next((out / "cmd" / "logs" / "r1").glob("*.log")).read_text()
+    assert "entries 0" in log, log  # its reward folder held nothing, no log of its own or another's

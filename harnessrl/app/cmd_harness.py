@@ -99,7 +99,11 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
 
         log_path = logs / run_tag / f"{safe}.{next(numbers)}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        per_rollout = str(log_path.with_suffix(".reward")) if reward_from == "file" else reward_from
+        per_rollout = reward_from
+        if reward_from == "file":
+            # a folder of its own, bound writable into its sandbox: beside the logs, a rollout could
+            # read the others' logs and write a group-mate's reward file
+            per_rollout = str(Path(tempfile.mkdtemp(prefix="reward-", dir=ROOT)) / "reward")
         opts = RunOptions(task=task.id, group=group_id, run=run_tag, reward_from=per_rollout, limits=limits,
                           coding=coding.get(task.id), reward_cmd=flags.reward_cmd, reward_mode=flags.reward_mode,
                           readable=(task_dir,), hidden=(src.out.resolve(), *hidden))
@@ -113,6 +117,8 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
                     outcome = next((r["value"] for r in reversed(rewards) if r["kind"] == "outcome"), None)
         finally:
             shutil.rmtree(task_dir, ignore_errors=True)
+            if reward_from == "file":
+                shutil.rmtree(Path(per_rollout).parent, ignore_errors=True)
         metrics = {"exit_code": float(result.exit_code), **result.metrics}
         error = None if result.error is None else f"{result.error}, see {log_path}"
         # a failed rollout's outcome is a placeholder: `error` says it is not a score (and compile leaves it out)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -144,9 +145,21 @@ def outcome_of(source: str | None, code: int, last_line: str | None, reward_file
         value = _reward_from_text(last_line or "")
         return value, None if value is not None else 'the last line of stdout holds no reward (want 0.7 or {"reward": 0.7})'
     assert reward_file is not None
-    text = reward_file.read_text().strip() if reward_file.is_file() else ""
-    value = _reward_from_text(text)
+    value = _reward_from_text(_read_reward_file(reward_file))
     return value, None if value is not None else f"{reward_file} holds no reward (want 0.7 or {{\"reward\": 0.7}})"
+
+
+def _read_reward_file(path: Path) -> str:
+    """The reward file's text, never through a link the command made (it could point the host at
+    another rollout's file) and never more than a reward's worth of bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, or a link
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return ""
+        return f.read(4096).decode(errors="replace").strip()
 
 
 def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_last_line: bool) -> tuple[int, str | None]:
