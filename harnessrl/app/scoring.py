@@ -69,10 +69,11 @@ def _env(home: Path, tmp: Path) -> dict[str, str]:
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
-def _run(cmd: list[str] | str, clean: Path, io: Path, env: dict[str, str], limits: Limits,
+def _run(cmd: list[str] | str, clean: Path, env: dict[str, str], limits: Limits,
          hidden: tuple[Path, ...]) -> tuple[Finished, str]:
-    """`cmd` in a fresh sandbox over the clean room (a relay with no endpoint: no way out)."""
-    mounts = Mounts(workspace=clean, writable=(io,), hidden=hidden)
+    """`cmd` in a fresh sandbox over the clean room (a relay with no endpoint: no way out). It
+    writes nothing of the host's but the clean room, which is under the disk cap like a workspace."""
+    mounts = Mounts(workspace=clean, hidden=hidden)
     host_relay = HostRelay([]) if limits.sandbox == "bwrap" else None
     try:
         with tempfile.TemporaryFile(dir=ROOT) as out:  # host-side only: ROOT is a fresh tmpfs in a sandbox
@@ -84,9 +85,13 @@ def _run(cmd: list[str] | str, clean: Path, io: Path, env: dict[str, str], limit
             host_relay.close()
 
 
-def _read_report(path: Path, key: bytes) -> tuple[dict | None, str]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+def _read_report(io: Path, name: str, key: bytes) -> tuple[dict | None, str]:
+    try:  # no link followed: the folder and the file are the sandbox's to replace
+        folder = os.open(io, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        finally:
+            os.close(folder)
     except OSError:
         return None, "missing"
     with os.fdopen(fd, "rb") as f:
@@ -112,8 +117,11 @@ def _read_report(path: Path, key: bytes) -> tuple[dict | None, str]:
 
 
 def run_tests(clean: Path, limits: Limits, hidden: tuple[Path, ...], collect_only: bool = False) -> TestRun:
-    """The hidden tests of the clean room, by the runner, in a fresh sandbox."""
-    io = fresh_dir("score-", ROOT)
+    """The hidden tests of the clean room, by the runner, in a fresh sandbox. The runner's one-time
+    file and its report are in a folder of the clean room with a random name (the sandbox's copy of
+    it comes back when it ends), so the test run writes no host folder outside the disk cap."""
+    io = clean / f".score-{secrets.token_hex(8)}"
+    io.mkdir()
     try:
         for private in ("home", "tmp"):
             (io / private).mkdir()
@@ -126,8 +134,8 @@ def run_tests(clean: Path, limits: Limits, hidden: tuple[Path, ...], collect_onl
         argv = [sys.executable, "-I", "-B", str(RUNNER), str(io), str(clean), "--", "-q", "-p", "no:cacheprovider",
                 "-c", str(ini), "--rootdir", str(clean), "--confcutdir", str(clean),
                 *(["--collect-only"] if collect_only else []), HIDDEN_DIR]
-        done, output = _run(argv, clean, io, _env(io / "home", io / "tmp"), limits, hidden)
-        found, status = _read_report(io / report, key)
+        done, output = _run(argv, clean, _env(io / "home", io / "tmp"), limits, hidden)
+        found, status = _read_report(io, report, key)
         return TestRun(done, output, found, status)
     finally:
         shutil.rmtree(io, ignore_errors=True)
@@ -218,11 +226,11 @@ def score_rollout(task: CodingTask, agent_ws: Path, reward_cmd: str | None, mode
 
 def score_in_place(ws: Path, reward_cmd: str, mode: str, limits: Limits, hidden: tuple[Path, ...]) -> TestOutcome:
     """A user's reward command over `ws` in a fresh sandbox, scored from its output."""
-    io = fresh_dir("score-", ROOT)
+    io = fresh_dir("score-", ROOT)  # HOME and TMPDIR without a sandbox (bubblewrap makes its own)
     try:
         for private in ("home", "tmp"):
             (io / private).mkdir()
-        done, output = _run(reward_cmd, ws, io, host_env(io / "home", io / "tmp"), limits, hidden)
+        done, output = _run(reward_cmd, ws, host_env(io / "home", io / "tmp"), limits, hidden)
     finally:
         shutil.rmtree(io, ignore_errors=True)
     outcome = score(output, done, mode)
