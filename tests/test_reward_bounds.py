@@ -349,3 +349,23 @@ def test_as_root_without_a_pids_cgroup_a_process_cap_is_an_error_not_a_run_witho
     with pytest.raises(UserError, match="--disk 'lots'"):
         rollout_flags(None, None, "8G", 3600, None, "pass-fraction", disk="lots")
     assert rollout_flags(None, None, "8G", 3600, None, "pass-fraction", procs=0, disk="0").procs is None
+
+
+@pytest.mark.skipif(pids_base() is None, reason="no pids cgroup can be made here")
+def test_a_cgroup_left_by_a_killed_host_process_is_removed_by_the_next_rollout():
+    import subprocess
+
+    from harnessrl.app.sandbox_caps import PidsCgroup
+
+    dead = subprocess.Popen(["/bin/true"])
+    dead.wait()
+    stale = pids_base() / f"harnessrl-{dead.pid}-left"
+    stale.mkdir()
+    fresh = PidsCgroup(pids_base(), 64)
+    try:
+        assert not stale.exists() and fresh.path.exists()
+    finally:
+        fresh.close()
+        if stale.exists():
+            stale.rmdir()
+    assert not fresh.path.exists()

@@ -72,11 +72,29 @@ def _can_make(base: Path) -> bool:
         probe.rmdir()
 
 
+def _sweep(base: Path) -> None:
+    """Remove the cgroups a killed harnessrl process left (named by its pid; only empty ones go)."""
+    for path in base.glob("harnessrl-*-*"):
+        pid = path.name.split("-")[1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+        except OSError:
+            pass  # alive (someone else's): left alone
+
+
 class PidsCgroup:
     """One rollout's pids cgroup: `wrap` an argv to start inside it, `close` to empty and remove it."""
 
     def __init__(self, base: Path, limit: int) -> None:
-        self.path = base / f"harnessrl-{uuid.uuid4().hex[:12]}"
+        _sweep(base)
+        self.path = base / f"harnessrl-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.path.mkdir()
         (self.path / "pids.max").write_text(str(limit))
 
