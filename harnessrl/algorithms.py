@@ -33,7 +33,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     # no process function, so the two the interface records alone can score per decision: the call as
     # written (tool exists, arguments fit its schema: the action and the args) and as dispatched (the
     # tool or sub-agent answered without an error). docs/methods.md §5 `harness`.
-    Algorithm("capo", "harness", "central", "token_mean", "action/args gradient routing through MLP-unit partitions",
+    Algorithm("capo", "harness", "central", "token_mean", "outcome + process rewards; action/args gradients routed to "
+              "partitions of attention heads and MLP units",
               ("tool_format", "dispatch_ok")),
     Algorithm("matpo", "matpo", "all", "rollout_mean", "planner and worker samples in one batch, one model for every role"),
     Algorithm("pact", "matchtir", "central", "prompt_mean", "expert traces as privileged context plus component-aware SFT"),
