@@ -12,6 +12,8 @@ from harnessrl.console import Console
 
 import harnessrl
 from harnessrl.app import cli_tracing
+from harnessrl.app.demo_config import ALGO as DEMO_ALGO, GROUP as DEMO_GROUP, ROUNDS as DEMO_ROUNDS
+from harnessrl.app.demo_config import SFT_STEPS as DEMO_SFT_STEPS
 from harnessrl.app.loop_config import CMD, LoopConfig, Teacher
 from harnessrl.cli_options import algo_option, from_config, records_db_option
 from harnessrl.compiler import cli as compiler_cli
@@ -107,14 +109,18 @@ def loop(
 @app.command("demo")
 def demo(
     out: Path = typer.Option(Path("demo"), help="Output directory (tiny model, DB, samples, checkpoints)."),
-    rounds: int = typer.Option(2, help="Loop rounds."),
-    algo: str = algo_option("grpo"),
-    sft_steps: int = typer.Option(400, help="Warm-start SFT steps on expert traces (0: start from the raw tiny model)."),
+    rounds: int = typer.Option(DEMO_ROUNDS, help="Loop rounds."),
+    algo: str = algo_option(DEMO_ALGO),
+    sft_steps: int = typer.Option(DEMO_SFT_STEPS, help="Warm-start SFT steps on expert traces (0: start from the "
+                                  "base model)."),
+    model: Path | None = typer.Option(None, help="Base model directory (default: build the tiny model in OUT)."),
+    group_size: int = typer.Option(DEMO_GROUP, help="Rollouts per training task per round."),
 ) -> None:
-    """The main job end to end on the embedded default: tiny model, proxy, harness, compile, train, push."""
+    """The main job end to end on the embedded default (tiny model, proxy, harness, compile, train, push,
+    eval), with held-out success rising on tasks never trained on."""
     from harnessrl.app.demo import run_demo
 
-    run_demo(out, rounds, algo, sft_steps)
+    run_demo(out, rounds, algo, sft_steps, model=model, group=group_size)
 
 
 @compiler_cli.tasks_app.command("coding")
