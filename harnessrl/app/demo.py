@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from rich.table import Table
 from sqlalchemy import func, select
 from transformers.utils import logging as hf_logging
@@ -91,6 +92,10 @@ def summary_lines(state: LoopState, n_held: int, curves: Path) -> list[str]:
 def run_demo(out: Path, rounds: int = ROUNDS, algo: str = ALGO, sft_steps: int = SFT_STEPS, seed: int = 0,
              model: Path | None = None, group: int = GROUP) -> LoopState:
     hf_logging.disable_progress_bar()  # the weight loading/saving bars of every stage
+    # one torch thread: the tiny model's ops are too small for a second one to pay, and with any
+    # other work on the 2 cores two threads contend (measured: 2:12 with one thread, 8:30 with
+    # torch's default two while other sessions' tests shared the cores; docs/changelog.md)
+    torch.set_num_threads(1)
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
     if model is not None and not (model / "config.json").is_file():
