@@ -89,6 +89,11 @@ def test_loop_bad_input_is_one_line(tmp_path, tiny_model_dir):
                                  str(tmp_path / "out"), "--train-config", str(bad)], capture_output=True, text=True)
     assert res.returncode != 0 and res.stderr.strip().count("\n") == 0 and "ratio_to" in res.stderr, res.stderr
     assert not (tmp_path / "out" / "loop_state.json").exists()  # no evaluation, no round started
+    # so does an unknown process reward
+    res = subprocess.run(LOOP + ["loop", "--harness", "lookup", "--model", str(tiny_model_dir), "--out",
+                                 str(tmp_path / "out2"), "--process", "tool_format,speed"], capture_output=True, text=True)
+    assert res.returncode != 0 and res.stderr.strip().count("\n") == 0 and "--process 'speed'" in res.stderr, res.stderr
+    assert not (tmp_path / "out2" / "loop_state.json").exists()
 
 
 def test_sft_targets_only_what_the_model_generates_and_lowers_the_loss(tiny_model_dir, tmp_path):
