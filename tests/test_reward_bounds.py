@@ -369,3 +369,28 @@ def test_a_cgroup_left_by_a_killed_host_process_is_removed_by_the_next_rollout()
         if stale.exists():
             stale.rmdir()
     assert not fresh.path.exists()
+
+
+@pytest.mark.skipif(pids_base() is None, reason="no pids cgroup can be made here")
+def test_threads_that_start_rollouts_at_once_all_find_the_pids_cgroup():
+    """Known-test runs and rollouts start on several threads at once: the first look for the pids
+    cgroup must not fail on some of them (it did, in CI, as 'no pids cgroup can be made')."""
+    import threading
+
+    from harnessrl.app import sandbox_caps
+
+    expected = pids_base()
+    for _ in range(5):
+        sandbox_caps._find_pids_base.cache_clear()
+        start, found = threading.Barrier(8), []
+
+        def look() -> None:
+            start.wait()
+            found.append(sandbox_caps.pids_base())
+
+        threads = [threading.Thread(target=look) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert found == [expected] * 8

@@ -34,9 +34,18 @@ OUTPUT_TAIL = 1 << 16  # bytes of the end of a capped output kept (a summary or 
 EXPORT_SLACK = 16 << 20  # tar headers of a workspace of many small files: the stream may outgrow the tmpfs a little
 
 
-@functools.cache
+_PIDS_BASE_LOCK = threading.Lock()
+
+
 def pids_base() -> Path | None:
-    """A folder of this process's pids cgroup in which it can make children, or None."""
+    """A folder of this process's pids cgroup in which it can make children, or None. Found once
+    per process, under a lock: rollouts and known-test runs start on several threads at once."""
+    with _PIDS_BASE_LOCK:
+        return _find_pids_base()
+
+
+@functools.cache
+def _find_pids_base() -> Path | None:
     try:
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
         own = Path("/proc/self/cgroup").read_text().splitlines()
@@ -58,7 +67,7 @@ def pids_base() -> Path | None:
 
 
 def _can_make(base: Path) -> bool:
-    probe = base / f"harnessrl-probe-{os.getpid()}"
+    probe = base / f"harnessrl-probe-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     try:
         probe.mkdir()
     except OSError:
