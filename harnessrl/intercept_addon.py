@@ -4,14 +4,17 @@ Loaded by mitmdump (`-s` this file) in mitmproxy's own environment, so it import
 harnessrl: only the standard library and mitmproxy (tests/test_intercept_addon.py checks that).
 
 - A request to a known LLM API host (api.openai.com, api.anthropic.com, *.openai.azure.com,
-  openrouter.ai, and the `hrl_hosts` patterns) is rewritten to the proxy's matching endpoint
-  (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`, `/v1/embeddings`,
-  `/v1/models`); any other path on such a host is answered 404 here, never sent on with the
-  client's key.
+  openrouter.ai, generativelanguage.googleapis.com, and the `hrl_hosts` patterns) is rewritten
+  to the proxy's matching endpoint (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+  `/v1/messages`, `/v1/embeddings`, `/v1/models`, and the Gemini API's
+  `/v1beta/models[/{model}[:{method}]]`); any other path on such a host is answered 404 here,
+  never sent on with the client's key.
 - Identity: an `hrl-…` key sent by the client is passed on as is; else the username of the
   proxy credentials (`HTTPS_PROXY=http://hrl-<rollout>-<agent>:x@host:port`, which lets one
   mitmdump serve many rollouts); else the `hrl_rollout`/`hrl_agent` options, as X-HarnessRL-*
-  headers. The client's real credentials (headers and query string) are dropped.
+  headers. The client's real credentials (headers, and the query string: all of it on the
+  OpenAI-style paths, Gemini's `key` on its paths, whose `alt=sse` picks the stream's format)
+  are dropped.
 - Other hosts pass through untouched (TLS not even opened, so pinning clients keep working), or
   with `hrl_only_llm` are refused with a 403.
 """
@@ -28,13 +31,19 @@ from urllib.parse import unquote, urlsplit
 
 from mitmproxy import ctx, http, tls
 
-KNOWN_HOSTS = ("api.openai.com", "api.anthropic.com", "*.openai.azure.com", "openrouter.ai")
+KNOWN_HOSTS = ("api.openai.com", "api.anthropic.com", "*.openai.azure.com", "openrouter.ai",
+               "generativelanguage.googleapis.com")
 ENDPOINTS = ("chat/completions", "completions", "responses", "messages", "embeddings", "models")
 # the endpoint at the end of any vendor's path: /v1/…, /api/v1/… (OpenRouter), /openai/v1/… and
 # /openai/deployments/<name>/… (Azure); sub-paths (/v1/messages/count_tokens) are kept
 _ENDPOINT = re.compile(r"/(?:deployments/(?P<deployment>[^/]+)/)?(?P<endpoint>" + "|".join(ENDPOINTS) + r")(?P<rest>/.*)?$")
+# the Gemini API, looked for first (its paths hold `/models`): v1beta (what its SDKs call) or
+# v1alpha, and v1 for a model's method (on OpenAI's v1, /models/{id} is a model's page); all
+# served by the proxy's v1beta surface. Its other paths (files, cachedContents) are no endpoint.
+_GEMINI = re.compile(r"/(?:v1beta|v1alpha)/models(?P<rest>/[^/]+)?$|/v1/models(?P<method>/[^/:]+:[A-Za-z]+)$")
 # credentials a client may send; none of them reaches the recording proxy
-_SECRET_HEADERS = ("authorization", "x-api-key", "api-key", "proxy-authorization", "cookie")
+_SECRET_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key", "proxy-authorization", "cookie")
+_SECRET_PARAMS = ("key", "api_key", "api-key")
 _IDENTITY_HEADERS = ("x-harnessrl-rollout", "x-harnessrl-agent")
 
 
@@ -44,7 +53,7 @@ def _error(status: int, message: str, code: str) -> http.Response:
 
 
 def _hrl_key(headers) -> str | None:
-    for name in ("authorization", "x-api-key", "api-key"):
+    for name in ("authorization", "x-api-key", "api-key", "x-goog-api-key"):
         value = headers.get(name, "")
         token = value.split(" ", 1)[1].strip() if value.lower().startswith("bearer ") else value.strip()
         if token.startswith("hrl-"):
@@ -116,8 +125,10 @@ class Intercept:
             if ctx.options.hrl_only_llm and not self.is_proxy(req.host, req.port):
                 flow.response = _refused(req.pretty_host)
             return
-        m = _ENDPOINT.search(req.path.split("?", 1)[0])
-        if m is None:
+        path = req.path.split("?", 1)[0]
+        gemini = _GEMINI.search(path)
+        m = None if gemini else _ENDPOINT.search(path)
+        if m is None and gemini is None:
             flow.response = _error(404, f"harnessrl intercept: {req.method} {req.path.split('?', 1)[0]} on "
                                         f"{req.pretty_host} is not an endpoint the recording proxy serves",
                                    "not_recorded")
@@ -138,10 +149,15 @@ class Intercept:
                 req.headers["x-harnessrl-agent"] = ctx.options.hrl_agent
             if self.proxy_key:
                 req.headers["authorization"] = f"Bearer {self.proxy_key}"
+        base = f"{self.target.scheme}://{self.target.netloc}{self.target.path.rstrip('/')}"
+        if gemini:
+            query = [(k, v) for k, v in req.query.items(multi=True) if k.lower() not in _SECRET_PARAMS]
+            req.url = f"{base}/v1beta/models{gemini['rest'] or gemini['method'] or ''}"
+            req.query = query
+            return
         if m["deployment"] and req.method == "POST":
             _default_model(req, m["deployment"])  # Azure names the model in the path, not the body
-        base = self.target.path.rstrip("/")
-        req.url = f"{self.target.scheme}://{self.target.netloc}{base}/v1/{m['endpoint']}{m['rest'] or ''}"
+        req.url = f"{base}/v1/{m['endpoint']}{m['rest'] or ''}"
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if "text/event-stream" in flow.response.headers.get("content-type", ""):

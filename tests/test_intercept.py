@@ -172,3 +172,42 @@ def test_the_addon_imports_only_the_standard_library_and_mitmproxy():
     tops = {name.split(".")[0] for name in names}
     assert "mitmproxy" in tops  # the walk found the imports
     assert tops - {"mitmproxy", "__future__"} <= set(sys.stdlib_module_names), tops
+
+
+def _rewrites(requests: list) -> list[dict]:
+    """What the addon makes of each (method, url, headers), in mitmproxy's own environment."""
+    if (mitmdump := _mitmdump()) is None:
+        pytest.fail("mitmproxy not installed: run scripts/install.sh (it makes .venv-mitm) or set HARNESSRL_MITMDUMP")
+    python = Path(mitmdump).with_name("python")
+    proc = subprocess.run([str(python), str(ROOT / "tests" / "intercept_addon_rewrites.py"), str(ADDON),
+                           json.dumps(requests)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+GEMINI = "https://generativelanguage.googleapis.com"
+GEMINI_KEY = "AIzaSyHrlSecretGemini9xkLmQp2RvN9wEaYc4u"
+
+
+@pytest.mark.unit
+def test_gemini_api_calls_go_to_the_proxys_gemini_surface_without_the_key():
+    key = {"x-goog-api-key": GEMINI_KEY}
+    got = _rewrites([
+        ["POST", f"{GEMINI}/v1beta/models/gemini-2.5-pro:generateContent", key],
+        ["POST", f"{GEMINI}/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse&key={GEMINI_KEY}", {}],
+        ["POST", f"{GEMINI}/v1/models/gemini-2.5-pro:countTokens", key],
+        ["GET", f"{GEMINI}/v1beta/models?pageSize=50", key],
+        ["GET", f"{GEMINI}/v1beta/models/gemini-2.5-pro", key],
+        ["POST", f"{GEMINI}/upload/v1beta/files", key],  # no endpoint of the proxy: answered here
+        ["POST", "https://api.openai.com/v1/chat/completions", {"authorization": "Bearer sk-x"}]])
+    proxy = "http://127.0.0.1:8123"
+    assert [g.get("url") for g in got] == [
+        f"{proxy}/v1beta/models/gemini-2.5-pro:generateContent",
+        f"{proxy}/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse",  # the stream's format kept
+        f"{proxy}/v1beta/models/gemini-2.5-pro:countTokens",
+        f"{proxy}/v1beta/models?pageSize=50", f"{proxy}/v1beta/models/gemini-2.5-pro",
+        None, f"{proxy}/v1/chat/completions"]
+    assert got[5]["status"] == 404 and "not an endpoint the recording proxy serves" in got[5]["body"]
+    for sent in got[:5]:  # the Gemini key never goes on: the proxy's key in its place
+        assert GEMINI_KEY not in json.dumps(sent)
+        assert {k.lower(): v for k, v in sent["headers"].items()}.get("authorization") == "Bearer hrl-proxykey"
