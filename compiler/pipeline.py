@@ -48,7 +48,7 @@ MISSING_OUTCOME = ("skip", "zero")
 ON_CALL_ERROR = ("drop", "keep")
 POLICY_ACTIONS = ("drop", "mask", "flag")
 STAT_KEYS = ("calls", "failed", "call_errors", "dropped_call_error", "text_only", "discarded", "embeddings", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
-             "roots_drift", "roots_rewrite", "untrained_sessions", "no_outcome", "skipped_no_outcome",
+             "roots_drift", "roots_rewrite", "unmerged_rewrites", "untrained_sessions", "no_outcome", "skipped_no_outcome",
              "singleton_groups", "singleton_buckets", "masked_truncated", "policy_violations", "policy_dropped",
              "policy_masked", "policy_flagged", "tokens_recorded", "tokens_emitted", "trainable_tokens",
              "class_reasoning", "class_action", "class_args", "class_format")
@@ -182,6 +182,16 @@ class Compiler:
                     out.violations[call_id] = reasons
         return frozenset(bad)
 
+    def _unmerged_rewrites(self, works: list[RolloutWork]) -> None:
+        """Count the new roots whose call re-sent an earlier reply in the harness's own form that
+        no rewrite rule merged (the proxy noted it as `harnessrl_rewrite`, docs/methods.md §2).
+        Only drift and rewrite roots can be such calls, so only their requests are read."""
+        owner = {n.call.call_id: w for w in works for tree in w.trees for n in tree.nodes
+                 if n.parent < 0 and n.cause in ("drift", "rewrite")}
+        for call_id, request in (self.reader.requests(list(owner)) if owner else {}).items():
+            if isinstance(request, dict) and "harnessrl_rewrite" in request:
+                owner[call_id].stats["unmerged_rewrites"] += 1
+
     def process_batch(self, batch: list, add: Callable[[dict[str, Any]], int]) -> BatchOut:
         """One batch of whole groups: read, score, advantages, samples passed to `add`. The
         batch's tasks must be in `self.tasks` (the reward functions read their references)."""
@@ -196,6 +206,7 @@ class Compiler:
         kept_ids = {w.id for w in kept}
         out = BatchOut(counts=ctx.counts)
         off_policy = self._off_policy(works, out) if o.sampling_policy is not None else frozenset()
+        self._unmerged_rewrites(works)
         for w in works:
             tree_stats(w)
             if w.id in kept_ids:

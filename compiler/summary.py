@@ -14,6 +14,7 @@ _ROWS = (
     ("retokenized", "retokenized calls"), ("sessions", "sessions"), ("samples", "samples"),
     ("merges", "merges (extends)"), ("roots_start", "roots: session start"), ("roots_branch", "roots: branch"),
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),
+    ("unmerged_rewrites", "  of which harness rewrites"),
     ("untrained_sessions", "sessions not trained"), ("no_outcome", "rollouts without outcome"),
     ("skipped_no_outcome", "  left out (no outcome)"), ("singleton_groups", "groups of one rollout"),
     ("singleton_buckets", "turn buckets of one"), ("masked_truncated", "unfinished last turns masked"),
@@ -56,6 +57,10 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
     elif t.get("call_errors") and o.get("on_call_error") == "keep":
         notes.append(f"{t['call_errors']:,} calls were refused or failed in the rollouts compiled: kept "
                      "(--on-call-error keep)")
+    if t.get("unmerged_rewrites"):
+        notes.append(f"{t['unmerged_rewrites']:,} calls re-sent an earlier reply in the harness's own form, which no "
+                     "rewrite rule merged, so their sessions split there: run the proxy with --prefix (rules apply "
+                     "only there) and, for a harness without a built-in rule, --rewrite-pattern (docs/methods.md §2)")
     single = t.get("singleton_groups", 0) + t.get("singleton_buckets", 0)
     if single:
         how = "advantage 0" if o["adv_config"]["singleton"] == "zero" else "their raw value as advantage"

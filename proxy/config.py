@@ -84,6 +84,14 @@ class ProxyConfig:
         help="A prompt span the harness changes every call (a hash, a timestamp), besides the built-in ones such as "
         "Claude Code's cch=: with --prefix a session's later calls get the earlier value, so their prompts extend. "
         "Repeatable.")
+    # regexes of earlier replies a harness sends back in a form of its own (beyond the built-in rules of
+    # `prefix/rewrites.py`): in prefix mode the model is sent the turn it wrote, so the session merges
+    rewrite_patterns: tuple[str, ...] = option(
+        (), "--rewrite-pattern", metavar="REGEX", panel=SERVING,
+        help="How the harness re-sends the model's earlier turn as text of its own (besides the built-in smolagents "
+        "rules): a regex over that assistant message with groups text (the model's text) and optionally calls "
+        "(its tool calls as a JSON or Python list) and appended (text the harness adds). With --prefix the model "
+        "is sent its own turn, so the session merges. Repeatable.")
     sampling_policy: str | None = option(  # YAML file (`harnessrl.sampling_policy`): enforced on every call
         None, panel=SERVING, help="YAML file of sampling parameters enforced on every call (temperature, top_p, "
         "max_tokens cap, forbidden ones such as logit_bias); the record keeps what the harness asked.")
@@ -205,6 +213,10 @@ class ProxyConfig:
 
         for pattern in self.volatile_patterns:
             check_pattern(pattern)
+        from harnessrl.proxy.prefix.rewrites import check_pattern as check_rewrite
+
+        for pattern in self.rewrite_patterns:
+            check_rewrite(pattern)
         if self.prefix_cache_bytes < 0:
             raise UserError("--prefix-cache-mb must be >= 0")
         if self.max_body_bytes <= 0:

@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.fanout import handle_n
 from harnessrl.proxy.prefix.prompts import Prompter
+from harnessrl.proxy.prefix.rewrites import Rewrites
 from harnessrl.proxy.prefix.volatile import Volatile
 from harnessrl.proxy.prometheus import ProxyMetrics
 from harnessrl.proxy.protocol import Route
@@ -131,7 +132,7 @@ class Lifespan:
         # needs neither module (both use its public recording API)
         serving = Serving(choose_route(cfg, self.backend, pool), recorder, self.statuses, cfg.prefix_cache_bytes,
                           metrics, Volatile(cfg.volatile_patterns), hold=cfg.prefix_mode,
-                          embeddings=serve_embeddings, fanout=handle_n)
+                          embeddings=serve_embeddings, fanout=handle_n, rewrites=Rewrites(cfg.rewrite_patterns))
         metrics.watch(lambda: recorder.queue_depth, lambda: serving.index.nbytes)
         self.serving, self.recorder, self.pool, self.upstreams = serving, recorder, pool, ups
 

@@ -24,6 +24,7 @@ from harnessrl.messages import content_text
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity, unnamed_agent
 from harnessrl.proxy.prefix.index import PrefixIndex, Turn
+from harnessrl.proxy.prefix.rewrites import Rewrites
 from harnessrl.proxy.prefix.volatile import Volatile
 from harnessrl.proxy.protocol import Delta, Progress, Prompt, Request, Result, Route
 from harnessrl.proxy.record.recorder import CallRecord, DatabaseUnavailable, RecordError, Recorder, RolloutFinished
@@ -48,7 +49,8 @@ class Serving:
 
     def __init__(self, route: Route, recorder: Recorder, statuses: RolloutStatus | None = None,
                  prefix_bytes: int = 256 * 1024 * 1024, metrics=None, volatile: Volatile | None = None,
-                 hold: bool = False, *, embeddings: ServeOther, fanout: ServeOther) -> None:
+                 hold: bool = False, *, embeddings: ServeOther, fanout: ServeOther,
+                 rewrites: Rewrites | None = None) -> None:
         self.route = route
         self.embeddings, self.fanout = embeddings, fanout
         self.recorder = recorder
@@ -59,6 +61,8 @@ class Serving:
         # call's values) only when the proxy builds prompts as exact extensions (prefix mode)
         self.volatile = volatile or Volatile()
         self.hold = hold
+        # earlier replies a harness sends back rewritten (`prefix/rewrites.py`): held in prefix mode too
+        self.rewrites = rewrites or Rewrites()
 
     async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire,
                      errors: Callable[..., Response] = error_response) -> Response:
@@ -99,20 +103,33 @@ class Serving:
 
     def _extends(self, req: Request, ident: Identity, rec: CallRecord) -> tuple[Turn | None, Request]:
         """The earlier call this one extends, and the request the route runs: the harness's, or,
-        where some of its messages differ from that call's only in volatile spans, one with those
-        messages as the model saw them then (`prefix/volatile.py`); the record keeps the harness's text
-        and notes the spans held."""
-        turn, held = self.index.match(_key(ident), req.messages, req.tools, self.volatile if self.hold else None)
-        if turn is None or not held:
+        where some of its messages differ from that call's only in volatile spans or are its
+        replies rewritten by the harness in a form a rewrite rule recognises, one with those
+        messages as the model saw them then (`prefix/volatile.py`, `prefix/rewrites.py`); the
+        record keeps the harness's text and notes what was held. A call that extends nothing
+        although it re-sends an earlier reply rewritten is noted too (`harnessrl_rewrite`)."""
+        hold = (self.volatile, self.rewrites) if self.hold else (None, None)
+        turn, held = self.index.match(_key(ident), req.messages, req.tools, *hold)
+        if turn is None:
+            if (t := self.index.rewritten(_key(ident), req.messages, req.tools, self.volatile, self.rewrites)):
+                rule = self.rewrites.rule_of(req.messages[t.n_messages], t.reply)
+                rec.request = {**rec.request, "harnessrl_rewrite": {"call": t.call_id, "message": t.n_messages,
+                                                                    "rule": rule}}
+            return None, req
+        if not held:
             return turn, req
         seen = turn.messages
         sent = list(req.messages)
-        spans = []
+        spans, rewrites = [], []
         for i in held:
             sent[i] = seen[i] if i < len(seen) else turn.reply
+            if (rule := self.rewrites.rule_of(req.messages[i], sent[i])) is not None:
+                rewrites.append({"message": i, "rule": rule})
+                continue
             spans += [{"message": i, "sent": a, "harness": b}
                       for a, b in self.volatile.held(_text(sent[i]), _text(req.messages[i]))]
-        rec.request = {**rec.request, "harnessrl_held": {"call": turn.call_id, "spans": spans}}
+        note = {"call": turn.call_id, "spans": spans, **({"rewrites": rewrites} if rewrites else {})}
+        rec.request = {**rec.request, "harnessrl_held": note}
         return turn, replace(req, body={**req.body, "messages": sent})
 
     def record(self, req: Request, ident: Identity, call_id: str) -> CallRecord:

@@ -15,12 +15,15 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from harnessrl.messages import content_text
 from harnessrl.proxy.prefix.volatile import Volatile
+
+if TYPE_CHECKING:
+    from harnessrl.proxy.prefix.rewrites import Rewrites
 
 _TURN_OVERHEAD = 400  # the Turn, its array and deque slot, beyond what _deep_size counts
 
@@ -74,16 +77,19 @@ def same_message(a: dict, b: dict) -> bool:
     return a == b or _norm(a) == _norm(b)
 
 
-def _held(new: list[dict], seen: list[dict], volatile: Volatile | None) -> list[int] | None:
+def _held(new: list[dict], seen: list[dict], volatile: Volatile | None,
+          rewrites: Rewrites | None = None) -> list[int] | None:
     """Whether `new` is `seen` (a turn's messages as the model saw them): None if not; else the
-    indices of the messages that equal theirs only outside volatile spans (to be sent as seen)."""
+    indices of the messages that equal theirs only outside volatile spans, or that are an
+    assistant turn the harness rewrote in a form a rewrite rule recognises (to be sent as seen)."""
     if new == seen:
         return []
     held = []
     for i, (a, b) in enumerate(zip(new, seen)):
         if same_message(a, b):
             continue
-        if volatile is None or _norm(a, volatile.mask) != _norm(b, volatile.mask):
+        if ((volatile is None or _norm(a, volatile.mask) != _norm(b, volatile.mask))
+                and (rewrites is None or rewrites.rule_of(a, b) is None)):
             return None
         held.append(i)
     return held
@@ -218,12 +224,13 @@ class PrefixIndex:
         """The latest call whose messages + reply are the longest prefix of `messages`."""
         return self.match(key, messages, tools)[0]
 
-    def match(self, key: tuple, messages: list[dict], tools: list | None,
-              volatile: Volatile | None = None) -> tuple[Turn | None, list[int]]:
+    def match(self, key: tuple, messages: list[dict], tools: list | None, volatile: Volatile | None = None,
+              rewrites: Rewrites | None = None) -> tuple[Turn | None, list[int]]:
         """`find`, where with `volatile` a message may also differ from the turn's inside
-        volatile spans; and the indices of such messages (the turn's reply at `n_messages`).
-        Messages that are equal never reach the volatile check: it costs nothing to a call
-        that extends exactly."""
+        volatile spans, and with `rewrites` an earlier reply may come back rewritten by the
+        harness (`prefix/rewrites.py`); and the indices of such messages (the turn's reply at
+        `n_messages`). Messages that are equal never reach those checks: they cost nothing to a
+        call that extends exactly."""
         s = self._sessions.get(key)
         best: Turn | None = None
         best_held: list[int] = []
@@ -231,13 +238,26 @@ class PrefixIndex:
             k = t.n_messages
             if len(messages) <= k or (best is not None and k <= best.n_messages) or t.tools != tools:
                 continue
-            reply = _held([messages[k]], [t.reply], volatile)
+            reply = _held([messages[k]], [t.reply], volatile, rewrites)
             if reply is None:
                 continue
-            head = _held(messages[:k], t.messages, volatile)
+            head = _held(messages[:k], t.messages, volatile, rewrites)
             if head is not None:
                 best, best_held = t, head + ([k] if reply else [])
         return best, best_held
+
+    def rewritten(self, key: tuple, messages: list[dict], tools: list | None, volatile: Volatile | None,
+                  rewrites: Rewrites | None) -> Turn | None:
+        """For a call that extends no turn: the latest turn whose messages begin `messages` and
+        whose reply comes back as an assistant message the harness wrote itself (a rewrite the
+        session cannot be merged through), else None. Asked only of such calls."""
+        s = self._sessions.get(key)
+        for t in reversed(s.turns if s is not None else ()):
+            k = t.n_messages
+            if (len(messages) > k and t.tools == tools and messages[k].get("role") == "assistant"
+                    and _held(messages[:k], t.messages, volatile, rewrites) is not None):
+                return t
+        return None
 
     def _count(self, s: _Session, n: int) -> None:
         s.nbytes += n
