@@ -33,6 +33,8 @@ from harnessrl.proxy.routes.token_backend import TokenBackend
 from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.surfaces.anthropic.wire import MESSAGES
 from harnessrl.proxy.surfaces.embeddings import EMBEDDINGS
+from harnessrl.proxy.surfaces.gemini.endpoints import GeminiEndpoints
+from harnessrl.proxy.surfaces.gemini.wire import GEMINI
 from harnessrl.proxy.surfaces.hosted_tools import strict
 from harnessrl.proxy.surfaces.non_model_routes import add_surface_routes
 from harnessrl.proxy.surfaces.openai_chat import CHAT_COMPLETIONS, COMPLETIONS
@@ -45,7 +47,7 @@ from harnessrl.sampling_policy import load_policy
 log = logging.getLogger("harnessrl.proxy")
 
 # the API surfaces served on the hot path
-ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES)
+ADAPTERS: tuple[Adapter, ...] = (CHAT_COMPLETIONS, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES, GEMINI)
 
 
 def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
@@ -78,7 +80,12 @@ def create_app(cfg: ProxyConfig, backend: TokenBackend | None = None,
     responses = next((a for a in adapters if a.path == "responses"), None)
     ws = ResponsesSocket(models.serve, responses, cfg.api_key, stored.scoped,
                          lambda: running.serving.route.model_name) if responses is not None else None
-    return ProxyApp(app, models.serve, adapters, Guard(app, cfg.api_key, cfg.max_body_bytes), ws)
+    # Gemini's paths name the model and the method (`surfaces.gemini.endpoints`), not /v1/{path}
+    gemini = next((a for a in adapters if a.surface == "gemini"), None)
+    gemini_paths = GeminiEndpoints(models.serve, gemini, cfg.api_key, cfg.max_body_bytes,
+                                   lambda: running.serving.route) if gemini is not None else None
+    return ProxyApp(app, models.serve, tuple(a for a in adapters if a is not gemini),
+                    Guard(app, cfg.api_key, cfg.max_body_bytes), ws, gemini_paths)
 
 
 class ProxyApp:
@@ -88,8 +95,9 @@ class ProxyApp:
     else, lifespan included, to FastAPI."""
 
     def __init__(self, api: FastAPI, hot, adapters: tuple[Adapter, ...], guard: Guard,
-                 ws: ResponsesSocket | None = None) -> None:
+                 ws: ResponsesSocket | None = None, gemini: GeminiEndpoints | None = None) -> None:
         self.api = api
+        self._gemini = gemini  # the Gemini API's paths (`surfaces.gemini.endpoints`)
         self._ws = ws  # the Responses WebSocket transport (`surfaces.responses.websocket`)
         self._guard = guard  # `api` behind the key and body-size checks
         self._hot = hot
@@ -132,5 +140,10 @@ class ProxyApp:
             if m is not None and m["v1"] and m["kind"] == "responses":
                 await self._ws(scope, receive, send, {"rollout": m["rollout"], "agent": m["agent"]} if m["rollout"]
                                else {})
+                return
+        if self._gemini is not None and scope["type"] == "http":
+            g = self._gemini.match(scope)
+            if g is not None:
+                await self._gemini(scope, receive, send, g)
                 return
         await self._guard(scope, receive, send)

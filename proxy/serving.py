@@ -86,7 +86,7 @@ class Serving:
                 events = self.route.stream(req, prompt)
                 first = await anext(events)
                 return _ClosingStream(self._relay(req, ident, rec, wire, first, events, t0, tm, prompt),
-                                      media_type="text/event-stream", headers=headers)
+                                      media_type=getattr(wire, "media_type", "text/event-stream"), headers=headers)
             result = await self.route.run(req, prompt)
             model_s = time.perf_counter() - tm
             data = wire.response(result)

@@ -17,7 +17,7 @@ from harnessrl.proxy.errors import ProxyError, bad_request
 from harnessrl.proxy.surfaces.adapter import Adapter
 
 REMOVED_NOTE = "harnessrl_removed_tools"
-_SURFACES = ("responses", "messages")  # the adapters whose request function takes `strict_tools`
+_SURFACES = ("responses", "messages", "v1beta/models")  # the adapters whose request function takes `strict_tools`
 
 
 @dataclass
