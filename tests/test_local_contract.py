@@ -193,3 +193,35 @@ def test_upstream_gives_token_ids_back_when_asked(upstream, tokenizer_dir, tmp_p
     # the recorded response is the harness's but for the ids, which the id columns hold once
     del body["prompt_token_ids"], body["choices"][0]["token_ids"]
     assert row.response == body
+
+
+_SURFACE_BODIES = {
+    "/v1/chat/completions": {"model": "tiny", "messages": ASK, "max_tokens": 4},
+    "/v1/completions": {"model": "tiny", "prompt": "The capital", "max_tokens": 4},
+    "/v1/responses": {"model": "tiny", "input": ASK[0]["content"], "max_output_tokens": 4},
+    "/v1/messages": {"model": "tiny", "messages": ASK, "max_tokens": 4},
+    "/v1beta/models/tiny:generateContent": {"contents": [{"role": "user", "parts": [{"text": ASK[0]["content"]}]}],
+                                            "generationConfig": {"maxOutputTokens": 4}},
+}
+
+
+def _sampling(path: str, body: dict, **values) -> dict:
+    if path.startswith("/v1beta"):
+        names = {"top_p": "topP", "temperature": "temperature"}
+        return {**body, "generationConfig": {**body["generationConfig"], **{names[k]: v for k, v in values.items()}}}
+    return {**body, **values}
+
+
+@pytest.mark.parametrize("path", list(_SURFACE_BODIES))
+def test_a_subnormal_top_p_samples_the_most_likely_token(proxy, path):
+    """top_p 1e-320 (a fuzz finding: it was a 500, the sampler's "probability tensor contains
+    inf/nan") keeps only the most likely token, as any top_p small enough does: greedy."""
+    import httpx
+
+    body = _SURFACE_BODIES[path]
+    ids = []
+    for values in ({"temperature": 0}, {"temperature": 1, "top_p": 1e-320}):
+        r = httpx.post(proxy.url + path, json=_sampling(path, body, **values), timeout=60)
+        assert r.status_code == 200, r.text
+        ids.append(unpack_ids(_call(proxy.db, r.headers["x-harnessrl-call"]).completion_ids).tolist())
+    assert ids[0] == ids[1] and ids[0]

@@ -142,10 +142,14 @@ class LocalBackend:
             return token, float(logprobs[token]), self._top(logprobs, params.top_logprobs)
         logits = logits / params.temperature
         if params.top_p < 1:
-            # Keep the smallest set of most likely tokens whose mass reaches top_p (always the first).
+            # Keep the smallest set of most likely tokens whose mass reaches top_p, always the first:
+            # a top_p that is 0 in float32 (1e-320, a fuzz finding) would drop it too (the mass
+            # before it is 0 >= 0), leaving no token to draw
             ordered, order = torch.sort(logits, descending=True)
             probs = torch.softmax(ordered, -1)
-            ordered[torch.cumsum(probs, -1) - probs >= params.top_p] = -math.inf
+            drop = torch.cumsum(probs, -1) - probs >= params.top_p
+            drop[0] = False
+            ordered[drop] = -math.inf
             logits = torch.full_like(logits, -math.inf).scatter(0, order, ordered)
         logprobs = torch.log_softmax(logits, -1)
         token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
