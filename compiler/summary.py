@@ -44,8 +44,13 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
     t, o = stats["totals"], stats["options"]
     notes = []
     if t.get("skipped_no_outcome"):
-        notes.append(f"{t['skipped_no_outcome']:,} rollouts had no outcome reward: left out of the group statistics "
-                     "and the samples (--missing-outcome zero scores them 0)")
+        ids = [rid for rid, r in stats["rollouts"].items() if r.get("skipped_no_outcome")]
+        shown = ", ".join(ids[:3]) + (", …" if len(ids) > 3 else "")
+        none = "no samples: " if not t.get("samples") else ""
+        notes.append(f"{none}{t['skipped_no_outcome']:,} rollouts had no outcome reward: left out of the group "
+                     f"statistics and the samples ({shown}). Report each one's outcome with `harnessrl reward ROLLOUT "
+                     "VALUE` (through the proxy that recorded it; or POST /harnessrl/rollouts/ROLLOUT/reward), or "
+                     "compile with --missing-outcome zero to score them 0")
     elif t.get("no_outcome") and o.get("missing_outcome") == "zero":
         notes.append(f"{t['no_outcome']:,} rollouts had no outcome reward: scored 0 (--missing-outcome zero)")
     if t.get("several_outcomes"):

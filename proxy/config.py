@@ -64,6 +64,11 @@ class ProxyConfig:
     strict_rollouts: bool = option(  # a call to an unknown rollout id: 404 instead of creating it
         False, panel=RECORDS,
         help="Refuse calls to a rollout id that does not exist (404) instead of creating it on first use.")
+    rollout_idle_s: float = option(  # `rollouts/idle.py`
+        3600.0, "--rollout-idle", panel=RECORDS,
+        help="Seconds without a call or reward after which a rollout created on first use (named only by its URL "
+        "path, header or key, so nobody finishes it) is finished, with finished_by: idle in its metadata; its outcome "
+        "can still be reported (harnessrl reward). 0: never.")
     host: str = option("127.0.0.1", panel=SERVING, help="Address to listen on.")
     port: int = option(8000, panel=SERVING, help="Port to listen on (0: a free one).")
     # proxy processes sharing the listening socket and the records DB (`workers.py`): one upstream
@@ -217,6 +222,8 @@ class ProxyConfig:
 
         for pattern in self.rewrite_patterns:
             check_rewrite(pattern)
+        if not self.rollout_idle_s >= 0:
+            raise UserError("--rollout-idle must be >= 0 (0: never finish idle rollouts)")
         if self.prefix_cache_bytes < 0:
             raise UserError("--prefix-cache-mb must be >= 0")
         if self.max_body_bytes <= 0:

@@ -4,6 +4,7 @@ them from the `Lifespan` object; FastAPI enters it on startup and leaves it on s
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from harnessrl.proxy.prometheus import ProxyMetrics
 from harnessrl.proxy.protocol import Route
 from harnessrl.proxy.record.failed_call_journal import default_dir
 from harnessrl.proxy.record.recorder import Recorder
+from harnessrl.proxy.rollouts.idle import finish_idle_rollouts
 from harnessrl.proxy.rollouts.status import RolloutStatus
 from harnessrl.proxy.routes.passthrough import PassThroughRoute
 from harnessrl.proxy.routes.text import TextOnlyRoute
@@ -111,9 +113,14 @@ class Lifespan:
     async def __call__(self, _app):
         self._start()
         FROZEN_GC.start()
+        idle = (asyncio.create_task(finish_idle_rollouts(self.cfg.rollout_idle_s, self.statuses, self.serving.index))
+                if self.cfg.rollout_idle_s > 0 else None)
         try:
             yield
         finally:
+            if idle is not None:
+                idle.cancel()
+                await asyncio.gather(idle, return_exceptions=True)  # a sweep in its thread ends first
             self._stop()
             FROZEN_GC.stop()
 

@@ -30,7 +30,7 @@ def finished(rollout_id: str) -> ProxyError:
 
 class RolloutStatus:
     def __init__(self, store: Rollouts, strict: bool, max_entries: int = 65_536) -> None:
-        self._store = store
+        self.store = store  # the rollout rows (also the idle sweep's, `idle.py`)
         self._strict = strict
         self._max = max_entries
         self._known: OrderedDict[str, str] = OrderedDict({UNASSIGNED_ROLLOUT: "running"})
@@ -49,7 +49,7 @@ class RolloutStatus:
         status = self._known.get(rollout_id)
         if status is None:
             try:
-                status = await run_in_threadpool(self._store.status, rollout_id, not self._strict)
+                status = await run_in_threadpool(self.store.status, rollout_id, not self._strict)
             except DBAPIError as exc:
                 log.warning("records DB error reading rollout %s: %s", rollout_id, exc)
                 raise database_unavailable() from None

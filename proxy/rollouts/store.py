@@ -7,12 +7,19 @@ import uuid
 from typing import Any
 
 import orjson
-from sqlalchemy import insert, literal, select
+from sqlalchemy import and_, insert, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from harnessrl.proxy.errors import ProxyError
-from harnessrl.records import Call, Reward, Rollout, WeightVersion
+from harnessrl.records import UNASSIGNED_ROLLOUT, Call, Reward, Rollout, WeightVersion
+
+# the metadata of a rollout created on first use (a call naming an unknown id), which nobody finishes
+FIRST_USE = {"created_by": "first_use"}
+# a rollout takes rewards while it runs, and after the proxy finished it for being idle (its
+# outcome is often known only later: `harnessrl reward`); never after its owner finished it
+TAKES_REWARDS = or_(Rollout.status == "running", and_(Rollout.status == "finished",
+                                                      Rollout.meta["finished_by"].as_string() == "idle"))
 
 # a rollout's calls as the API lists them: every column but the bulky ones (bodies, token arrays)
 _CALL_FIELDS = tuple(c.name for c in Call.__table__.columns if c.name not in {
@@ -65,9 +72,9 @@ class Rollouts:
             status = s.scalar(select(Rollout.status).where(Rollout.id == rollout_id))
         if status is not None or not create:
             return status
-        try:
+        try:  # marked: nobody finishes such a rollout, so it is finished when idle (`idle.py`)
             with self.Session.begin() as s:
-                s.add(Rollout(id=rollout_id, status="running", next_seq=0, created_at=time.time()))
+                s.add(Rollout(id=rollout_id, status="running", next_seq=0, created_at=time.time(), meta=FIRST_USE))
         except IntegrityError:  # created meanwhile by another request or proxy
             return self.status(rollout_id)
         return "running"
@@ -99,8 +106,7 @@ class Rollouts:
         # inserted only while the rollout runs, checked in the insert itself: a finish that
         # commits first (through any proxy) wins, and the reward is refused
         row = select(literal(rollout_id), literal(call_id), literal(kind), literal(name), literal(value),
-                     literal(meta, Reward.meta.type), literal(time.time())).where(
-            Rollout.id == rollout_id, Rollout.status == "running")
+                     literal(meta, Reward.meta.type), literal(time.time())).where(Rollout.id == rollout_id, TAKES_REWARDS)
         cols = ["rollout_id", "call_id", "kind", "name", "value", "meta", "created_at"]
         with self.Session.begin() as s:
             rid = s.scalar(insert(Reward).from_select(cols, row).returning(Reward.id))
@@ -108,8 +114,30 @@ class Rollouts:
                 return rid
             if s.get(Rollout, rollout_id) is None:
                 raise _not_found("rollout", rollout_id)
-            raise ProxyError(409, f"rollout {rollout_id!r} is finished: rewards are taken while it runs",
-                             code="rollout_finished")
+            raise ProxyError(409, f"rollout {rollout_id!r} is finished: rewards are taken while it runs (or after "
+                                  "the proxy finished it for being idle)", code="rollout_finished")
+
+    def finish_idle(self, idle_s: float, now: float) -> list[str]:
+        """Finish the rollouts created on first use that had no call or reward for `idle_s`
+        seconds (`finished_by: idle`); their ids. Each is checked again in the transaction that
+        finishes it, its row locked, so a call committed meanwhile keeps it running."""
+        cutoff = now - idle_s
+        with self.Session() as s:
+            ids = list(s.scalars(select(Rollout.id).where(
+                Rollout.status == "running", Rollout.created_at < cutoff, Rollout.id != UNASSIGNED_ROLLOUT,
+                Rollout.meta["created_by"].as_string() == FIRST_USE["created_by"])))
+        done = []
+        for rid in ids:
+            with self.Session.begin() as s:
+                r = s.get(Rollout, rid, with_for_update=True)
+                if r is None or r.status != "running" or any(
+                        s.scalar(select(t.id).where(t.rollout_id == rid, t.created_at >= cutoff).limit(1)) is not None
+                        for t in (Call, Reward)):
+                    continue
+                r.meta = {**(r.meta or {}), "finished_by": "idle"}
+                r.status, r.finished_at = "finished", now
+                done.append(rid)
+        return done
 
     def finish(self, rollout_id: str, error: str | None = None) -> Rollout:
         """Finish a running rollout; with `error`, mark it `failed` (also one that had finished:
