@@ -19,8 +19,9 @@ from rich.console import Console
 
 from harnessrl.compiler.summary import summary_notes, summary_table
 from harnessrl.errors import UserError
-from harnessrl.proxy.prefix.index import same_message
+from harnessrl.proxy.prefix.index import PrefixIndex, Turn, same_message
 from harnessrl.proxy.prefix.rewrites import Rewrites
+from harnessrl.proxy.prefix.volatile import Volatile
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.records import unpack_ids
 from surface_fixtures import Target, assert_extends, calls, compile_rollouts
@@ -76,7 +77,10 @@ def scripted_upstream(tokenizer_dir):
         yield url
 
 
-@smolagents.tool
+tool = smolagents.tool
+
+
+@tool
 def lookup(query: str) -> str:
     """Look a word up.
 
@@ -227,3 +231,19 @@ def test_a_rewrite_pattern_without_a_text_group_is_one_line_error():
         ProxyConfig(db="x.db", upstream="http://127.0.0.1:9", rewrite_patterns=(r"Action: (?P<calls>.*)",)).check()
     with pytest.raises(UserError, match="not a regular expression"):
         Rewrites(("(?P<text>",))
+
+
+def test_only_a_reply_the_harness_rewrote_is_noted_not_one_that_differs_in_volatile_spans():
+    index, key = PrefixIndex(), ("r", "a", None)
+    first = [{"role": "system", "content": "Today's date is 2026-12-05."}, {"role": "user", "content": "Go."}]
+    reply = {"role": "assistant", "content": "Checked on 2026-12-05.", "tool_calls": REPLY["tool_calls"]}
+    index.add(key, Turn.of("c0", first, None, reply, [1, 2], [3, 4], {4}))
+    result = {"role": "user", "content": "Observation: ok"}
+    later = [{**first[0], "content": "Today's date is 2026-12-06."}, first[1]]
+    dated = {**reply, "content": "Checked on 2026-12-06."}
+    rewrite = _smol("Checked on 2026-12-05.\nCalling tools:\n[{'id': 'call_1', 'type': 'function', "
+                    "'function': {'name': 'lookup', 'arguments': {'query': 'q0'}}}]")
+    volatile, rewrites = Volatile([r"\d{4}-\d{2}-\d{2}"]), Rewrites()
+    assert index.rewritten(key, [*later, dated, result], None, volatile, rewrites) is None
+    assert index.rewritten(key, [*later, rewrite, result], None, volatile, rewrites).call_id == "c0"
+    assert index.match(key, [*later, rewrite, result], None, volatile, rewrites)[1] == [0, 2]

@@ -255,6 +255,7 @@ class PrefixIndex:
         for t in reversed(s.turns if s is not None else ()):
             k = t.n_messages
             if (len(messages) > k and t.tools == tools and messages[k].get("role") == "assistant"
+                    and _held([messages[k]], [t.reply], volatile) is None  # not the reply, volatile spans aside
                     and _held(messages[:k], t.messages, volatile, rewrites) is not None):
                 return t
         return None

@@ -79,31 +79,49 @@ def _calls(s: str | None) -> list[dict] | None:
     return out
 
 
+_Reading = tuple[str, tuple[str, ...], list[dict]]  # rule, the texts it reads (with/without `appended`), calls
+_CACHED_CHARS = 16 * 1024  # texts cached up to this long, at most _CACHED of them: ≤ ~16M characters held
+_CACHED = 1024
+
+
 class Rewrites:
-    """The built-in rules plus the proxy's `--rewrite-pattern`s (named `pattern-1`, …)."""
+    """The built-in rules plus the proxy's `--rewrite-pattern`s (named `pattern-1`, …).
+
+    A harness that rewrites re-sends every earlier turn on every call, so each turn's text is read
+    again and again (a rule's regex and a literal parse: ~0.1 ms): what a text reads as is cached."""
 
     def __init__(self, extra: Sequence[str] = ()) -> None:
         for p in extra:
             check_pattern(p)
         named = (*BUILTIN, *((f"pattern-{i}", p) for i, p in enumerate(extra, 1)))
         self.rules = tuple((name, re.compile(p)) for name, p in named)
+        self._read: dict[str, list[_Reading]] = {}
 
     def rule_of(self, harness: dict, reply: dict) -> str | None:
         """The rule by which the harness's assistant message `harness` is the proxy's `reply`, or None."""
         if harness.get("role") != "assistant" or harness.get("tool_calls") or reply.get("role") != "assistant":
             return None
         text = content_text(harness.get("content"))
-        if not text:
-            return None
+        for name, texts, calls in self.readings(text) if text else ():
+            if any(same_message({"role": "assistant", "content": t, "tool_calls": calls}, reply) for t in texts):
+                return name
+        return None
+
+    def readings(self, text: str) -> list[_Reading]:
+        """What the rules read out of an assistant message's text, rule by rule."""
+        got = self._read.get(text)
+        if got is not None:
+            return got
+        got = []
         for name, rx in self.rules:
             m = rx.fullmatch(text)
-            if m is None:
-                continue
-            calls = _calls(m.groupdict().get("calls"))
-            if calls is None:
+            calls = _calls(m.groupdict().get("calls")) if m is not None else None
+            if m is None or calls is None:
                 continue
             added = m.groupdict().get("appended")
-            for t in (m["text"], m["text"] + added) if added else (m["text"],):
-                if same_message({"role": "assistant", "content": t, "tool_calls": calls}, reply):
-                    return name
-        return None
+            got.append((name, (m["text"], m["text"] + added) if added else (m["text"],), calls))
+        if len(text) <= _CACHED_CHARS:
+            if len(self._read) >= _CACHED:
+                del self._read[next(iter(self._read))]  # the oldest
+            self._read[text] = got
+        return got
