@@ -58,7 +58,7 @@ def test_a_path_named_rollout_idle_past_the_limit_is_finished_and_still_takes_it
         # it takes no more calls, as any finished rollout; the API-created and unassigned ones still run
         with pytest.raises(openai.APIStatusError) as late:
             _chat(proxy.url, "by-path")
-        assert late.value.status_code == 410
+        assert late.value.status_code == 410 and "--rollout-idle" in late.value.message
         assert _rollout(proxy.url, owned)["status"] == "running"
         assert _rollout(proxy.url, "unassigned")["status"] == "running"
         # before its outcome, compile leaves it out and says why and what to do

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
 from harnessrl.proxy.prefix.index import PrefixIndex
-from harnessrl.proxy.rollouts.status import RolloutStatus
+from harnessrl.proxy.rollouts.status import IDLE, RolloutStatus
 
 log = logging.getLogger("harnessrl.proxy")
 
@@ -41,6 +41,6 @@ async def finish_idle_rollouts(idle_s: float, statuses: RolloutStatus, index: Pr
             log.warning("records DB error finishing idle rollouts: %s", exc)
             continue
         for rollout_id in done:
-            statuses.set(rollout_id, "finished")
+            statuses.set(rollout_id, IDLE)
             index.forget(rollout_id)
             log.info("rollout %s finished: no call or reward for %.0f s (--rollout-idle)", rollout_id, idle_s)

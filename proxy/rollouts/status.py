@@ -22,10 +22,16 @@ from harnessrl.records import UNASSIGNED_ROLLOUT
 log = logging.getLogger("harnessrl.proxy")
 
 
-def finished(rollout_id: str) -> ProxyError:
+# the cached status of a rollout this proxy finished for being idle (`idle.py`; "finished" in the DB)
+IDLE = "idle"
+
+
+def finished(rollout_id: str, idle: bool = False) -> ProxyError:
     """A model call to a finished rollout: 410, which the OpenAI and Anthropic SDKs do not retry
     (they retry 408, 409, 429 and 5xx: a 409 cost a harness ~21 requests over ~3 minutes)."""
-    return ProxyError(410, f"rollout {rollout_id!r} is finished", code="rollout_finished")
+    why = (": it was created on first use and had no call or reward for --rollout-idle seconds; name a new "
+           "rollout" if idle else "")
+    return ProxyError(410, f"rollout {rollout_id!r} is finished{why}", code="rollout_finished")
 
 
 class RolloutStatus:
@@ -61,4 +67,4 @@ class RolloutStatus:
         else:
             self._known.move_to_end(rollout_id)
         if status != "running":  # finished, or failed
-            raise finished(rollout_id)
+            raise finished(rollout_id, status == IDLE)
