@@ -158,7 +158,7 @@ def test_no_request_gets_a_5xx(proxy):
 # ---- every route, on SQLite and PostgreSQL -------------------------------------------------------
 # The model surfaces (chat + completions, Anthropic messages + count_tokens, Responses over HTTP
 # and the WebSocket with `previous_response_id` to a stored response of this or another rollout,
-# embeddings), `GET /v1/responses/{id}`, the rollout API and its metadata, /v1/models, /metrics and the
+# embeddings, Gemini's generateContent / both stream forms / countTokens / an unserved method), `GET /v1/responses/{id}`, the rollout API and its metadata, /v1/models, /metrics and the
 # viewer at /ui, under generated identities (path, headers, key in either header, a wrong key),
 # through the vLLM stand-in in prefix mode. Property: no 5xx on any of them, every error
 # OpenAI- (or Anthropic-) shaped, and the rollout list still answers at the end (a poisoned row
@@ -213,6 +213,30 @@ _responses = st.fixed_dictionaries(
               "previous_response_id": st.sampled_from([_KNOWN, _KNOWN, "resp_\x00", "resp_" + "0" * 32, "x"]) | _text,
               "temperature": st.floats(0, 2), "metadata": _meta, "include": st.just(["message.output_text.logprobs"]),
               "tool_choice": st.sampled_from(["auto", "none", "required"])})
+GTOOL = {"functionDeclarations": [{"name": DEFAULT_TOOL, "description": "Look a word up.", "parameters": {
+    "type": "OBJECT", "properties": {"query": {"type": "STRING"}}}}]}
+_gpart = st.one_of(
+    st.fixed_dictionaries({"text": _said}, optional={"thought": st.booleans()}),
+    st.fixed_dictionaries({"functionCall": st.fixed_dictionaries(
+        {"name": st.just(DEFAULT_TOOL), "args": st.just({"query": "x"})}, optional={"id": st.just("fc1")})}),
+    st.fixed_dictionaries({"functionResponse": st.fixed_dictionaries(
+        {"name": st.just(DEFAULT_TOOL), "response": st.just({"output": "x"}) | st.dictionaries(_text, _json_value, max_size=2)},
+        optional={"id": st.just("fc1")})}))
+_gemini = st.fixed_dictionaries(
+    {"contents": st.lists(st.fixed_dictionaries({"parts": st.lists(_gpart, min_size=1, max_size=2)},
+                                                optional={"role": st.sampled_from(["user", "model"])}),
+                          min_size=1, max_size=3)},
+    optional={"systemInstruction": st.just({"parts": [{"text": "Be brief."}]}), "tools": st.just([GTOOL]),
+              "toolConfig": st.sampled_from([{"functionCallingConfig": {"mode": m}} for m in ("AUTO", "ANY", "NONE")]),
+              "safetySettings": st.just([]),
+              "generationConfig": st.fixed_dictionaries({"maxOutputTokens": st.integers(1, 2)}, optional={
+                  "temperature": st.floats(0, 2), "topP": st.floats(0, 1), "topK": st.integers(0, 5),
+                  "stopSequences": st.just(["\n"]), "responseMimeType": st.sampled_from(["text/plain", "application/json"]),
+                  "thinkingConfig": st.just({"thinkingBudget": 0})})})
+_gemini_path = st.builds(lambda m, method: f"/v1beta/models/{m}:{method}",
+                         st.just("tiny") | _text.map(lambda t: quote(t, safe="") or "m"),
+                         st.sampled_from(["generateContent", "generateContent", "streamGenerateContent?alt=sse",
+                                          "streamGenerateContent", "countTokens", "embedContent"]))
 _embeddings = st.fixed_dictionaries({"model": st.just("tiny"), "input": _said | st.lists(_said, min_size=1, max_size=2)},
                                     optional={"encoding_format": st.sampled_from(["float", "base64"])})
 _rollout_id = st.sampled_from(["rw1", "rw2", "none"]) | _text.map(lambda t: quote(t, safe=""))
@@ -228,7 +252,8 @@ _rollout_api = st.one_of(
     st.tuples(st.just("GET"), st.builds(lambda k, v: f"/harnessrl/rollouts?{urlencode({k: v})}",
                                         st.sampled_from(["task_id", "group_id", "run", "x"]), _text), st.none()),
     st.tuples(st.just("GET"), _rollout_id.map(lambda r: f"/harnessrl/rollouts/{r}"), st.none()),
-    st.tuples(st.just("GET"), st.sampled_from(["/v1/models", "/metrics", "/harnessrl/rollouts"]), st.none()),
+    st.tuples(st.just("GET"), st.sampled_from(["/v1/models", "/metrics", "/harnessrl/rollouts", "/v1beta/models",
+                                               "/v1beta/models/tiny", "/v1beta/files"]), st.none()),
     st.tuples(st.just("GET"), st.builds(lambda p, k, v: f"/ui/{p}?{urlencode({k: v})}",
                                         st.sampled_from(["", "api/rollouts", "api/groups/g"]),
                                         st.sampled_from(["task", "group", "run", "status", "reward_min", "page"]),
@@ -243,9 +268,14 @@ def route_calls(draw) -> tuple[str, str, dict | None, dict, str]:
     """(method, path, body, headers, kind): kind is "ws" for a Responses WebSocket turn."""
     headers = {**draw(_auth), "x-harnessrl-session": draw(st.sampled_from(["s0", "s1", "s0", "s1", "", "bad id"]))}
     kind = draw(st.sampled_from(["chat", "messages", "messages", "responses", "responses", "ws", "count", "embeddings",
-                                 "get-response", "get-response", "rollouts", "rollouts", "rollouts"]))
+                                 "get-response", "get-response", "rollouts", "rollouts", "rollouts", "gemini",
+                                 "gemini"]))
     if kind == "rollouts":
         method, path, body = draw(_rollout_api)
+    elif kind == "gemini":  # the Gemini key header, for the x-api-key the others send
+        method, body = "POST", copy.deepcopy(draw(_gemini))
+        path = draw(_ident) + draw(_gemini_path)
+        headers = {("x-goog-api-key" if k == "x-api-key" else k): v for k, v in headers.items()}
     elif kind == "get-response":
         method, body = "GET", None
         path = draw(_ident) + "/v1/responses/" + draw(st.just(_KNOWN) | _text.map(lambda t: quote(t, safe="") or "r"))
@@ -276,8 +306,12 @@ def _wire(body: dict, known: str) -> str:
 
 
 def _shaped(r: httpx.Response) -> None:
-    """An OpenAI error body, Anthropic's on /messages, the viewer's on /ui."""
+    """An OpenAI error body, Anthropic's on /messages, Gemini's on /v1beta, the viewer's on /ui."""
     err = r.json()["error"]
+    if "/v1beta/" in r.url.path:
+        assert set(err) <= {"code", "message", "status", "details"} and err["message"] and err["status"], r.text
+        assert err["code"] == r.status_code, r.text
+        return
     assert isinstance(err, dict) and err.get("message") and err.get("type"), r.text
     if "/messages" not in r.url.path and "/ui/" not in r.url.path:
         assert set(err) == {"message", "type", "param", "code"}, r.text
@@ -336,6 +370,8 @@ def test_no_route_gets_a_5xx_on_either_database(every_route):
         assert r.status_code < 500 or (kind == "count" and r.status_code == 501), (r.status_code, r.text, path, body)
         if r.status_code >= 400 and r.headers.get("content-type", "").startswith("application/json"):
             _shaped(r)
+        elif kind == "gemini" and "stream" in path:  # a stream that failed after its 200 ends with an error
+            assert b'"status":"INTERNAL"' not in r.content, (r.text, body)
         elif (body or {}).get("stream") is True:
             assert b'"server_error"' not in r.content and b"response.failed" not in r.content, (r.text, body)
 
@@ -346,7 +382,7 @@ def test_no_route_gets_a_5xx_on_either_database(every_route):
         assert http.get(f"/harnessrl/rollouts/{ro['id']}", headers={"x-api-key": KEY}).status_code == 200
     print(sorted(statuses.items()))
     # every kind of call reaches both sides: served and refused
-    for kind in ("chat", "messages", "responses", "embeddings", "count", "rollouts", "get-response"):
+    for kind in ("chat", "messages", "responses", "embeddings", "count", "rollouts", "get-response", "gemini"):
         assert any(k.startswith(f"{kind} 2") for k in statuses), statuses
         assert any(k.startswith(f"{kind} 4") for k in statuses), statuses
     assert statuses.get("ws 200") and any(k.startswith("ws 4") for k in statuses), statuses

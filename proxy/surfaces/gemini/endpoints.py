@@ -37,8 +37,11 @@ from harnessrl.proxy.validate import parse_json
 
 log = logging.getLogger("harnessrl.proxy")
 
-_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/(?P<version>v1beta|v1alpha|v1)(?P<rest>/.*)?$")
-_MODEL = re.compile(r"^/models/(?P<model>[^/:]+)(?::(?P<method>[A-Za-z]+))?/?$")
+_PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/(?P<version>v1beta|v1alpha|v1)(?P<rest>/.*)?\Z",
+                   re.S)
+# a Gemini version segment behind a prefix that is not a rollout's (`/r//a/x/v1beta/…`): a 404
+_ELSEWHERE = re.compile(r"/v1(?:beta|alpha)(?:/|\Z)")
+_MODEL = re.compile(r"^/models/(?P<model>[^/:]+)(?::(?P<method>[A-Za-z]+))?/?\Z")
 GENERATE = ("generateContent", "streamGenerateContent")
 _METHODS = [*GENERATE, "countTokens"]
 _KEY_HEADERS = (b"x-goog-api-key", b"x-api-key")
@@ -93,7 +96,7 @@ class GeminiEndpoints:
         key — without one, /v1/models is OpenAI's list."""
         m = _PATH.match(scope["path"])
         if m is None:
-            return None
+            return _NOWHERE if _ELSEWHERE.search(scope["path"]) else None
         rest = m["rest"] or ""
         if m["version"] == "v1":
             found = _MODEL.match(rest) or (m if rest.rstrip("/") == "/models" else None)
@@ -111,6 +114,8 @@ class GeminiEndpoints:
         found = _MODEL.match(m["rest"] or "")
         method, verb = found["method"] if found else None, scope["method"]
         try:
+            if m is _NOWHERE:
+                raise not_served(f"{scope['method']} {scope['path']}")
             if verb == "POST" and found and method and method != "countTokens":
                 query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
                 adapter = _adapter(self.adapter, found["model"], method, "sse" if query.get("alt") == "sse" else "json")
@@ -151,6 +156,9 @@ class GeminiEndpoints:
     def _model(name: str) -> dict:
         return {"name": f"models/{name}", "baseModelId": name, "version": "harnessrl", "displayName": name,
                 "description": "the model this recording proxy serves", "supportedGenerationMethods": _METHODS}
+
+
+_NOWHERE = _PATH.match("/v1beta")  # (a match of no model path: `__call__` answers it with a 404)
 
 
 def _json(obj: Any) -> Response:
