@@ -49,7 +49,7 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
         none = "no samples: " if not t.get("samples") else ""
         notes.append(f"{none}{t['skipped_no_outcome']:,} rollouts had no outcome reward: left out of the group "
                      f"statistics and the samples ({shown}). Report each one's outcome with `harnessrl reward ROLLOUT "
-                     "VALUE` (through the proxy that recorded it; or POST /harnessrl/rollouts/ROLLOUT/reward), or "
+                     "VALUE` (through the proxy that recorded it, or with --db DB once it no longer runs), or "
                      "compile with --missing-outcome zero to score them 0")
     elif t.get("no_outcome") and o.get("missing_outcome") == "zero":
         notes.append(f"{t['no_outcome']:,} rollouts had no outcome reward: scored 0 (--missing-outcome zero)")

@@ -52,6 +52,7 @@ def test_a_path_named_rollout_idle_past_the_limit_is_finished_and_still_takes_it
         _chat(proxy.url, "owned")
         _chat(proxy.url, None)  # the unassigned rollout
         _chat(proxy.url, "by-path")
+        _chat(proxy.url, "graded-later")
         got = _wait_finished(proxy.url, "by-path")
         assert got["status"] == "finished" and got["finished_at"] is not None
         assert got["metadata"] == {"created_by": "first_use", "finished_by": "idle"}
@@ -73,10 +74,17 @@ def test_a_path_named_rollout_idle_past_the_limit_is_finished_and_still_takes_it
         refused = httpx.post(f"{proxy.url}/harnessrl/rollouts/{owned}/reward", json={"value": 1})
         assert refused.status_code == 409 and "idle" in refused.json()["error"]["message"]
         assert [w["value"] for w in _rollout(proxy.url, "by-path")["rewards"]] == [1.0]
+    # with the proxy gone, an outcome goes into the DB itself, by the same rules
+    code, _, err = cli_in_process(monkeypatch, capsys, "reward", "graded-later", "0.5", "--db", db)
+    assert code == 0, err
+    code, _, err = cli_in_process(monkeypatch, capsys, "reward", owned, "1", "--db", db)
+    assert code == 2 and "is finished" in err and err.strip().count("\n") == 0
+    code, _, err = cli_in_process(monkeypatch, capsys, "reward", "x", "1", "--db", str(tmp_path / "nosuch.db"))
+    assert code == 2 and "no records DB at" in err
     code, out, _ = cli_in_process(monkeypatch, capsys, "compile", "--db", db, "--out", str(tmp_path / "c1"),
-                                  "--rollouts", "by-path", "--tokenizer", str(tokenizer_dir))
+                                  "--rollouts", "by-path,graded-later", "--tokenizer", str(tokenizer_dir))
     assert code == 0 and "had no outcome reward" not in out
-    assert pq.read_table(tmp_path / "c1" / "samples.parquet").num_rows == 1
+    assert pq.read_table(tmp_path / "c1" / "samples.parquet").num_rows == 2
 
 
 def test_the_sweep_finishes_only_first_use_rollouts_idle_since_their_last_call_or_reward(db_target):

@@ -201,9 +201,42 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("outcome", "--name", help="Reward name."),
         finish: bool = typer.Option(True, "--finish/--keep-open", help="Finish the rollout once its outcome is "
                                     "recorded (a finished rollout takes no more calls or rewards)."),
+        db: str | None = typer.Option(None, "--db", help="Record it in this records DB (SQLite path or "
+                                      "postgresql+psycopg:// URL) directly, not through a proxy: for a rollout whose "
+                                      "proxy no longer runs."),
     ) -> None:
         """Report a running rollout's outcome (for example after grading it), then finish it."""
+        if db is not None:
+            _reward_in_db(db, rollout, value, name, finish)
+            return
         from harnessrl.app.run_cmd import report_reward
 
         report_reward(proxy.rstrip("/"), rollout, value, name, finish)
+
+
+def _reward_in_db(db: str, rollout: str, value: float, name: str, finish: bool) -> None:
+    """`harnessrl reward --db`: the rollout API's own rules (a running rollout, or one the proxy
+    finished for being idle), on the DB itself."""
+    import math
+
+    from harnessrl.db import open_db
+    from harnessrl.proxy.errors import ProxyError
+    from harnessrl.proxy.identity import check_id
+    from harnessrl.proxy.rollouts.store import Rollouts
+
+    if not math.isfinite(value):
+        raise UserError("the reward must be a finite number")
+    if "://" not in db and not Path(db).is_file():
+        raise UserError(f"no records DB at {db}")
+    engine, Session = open_db(db)
+    try:
+        check_id("rollout", rollout)
+        store = Rollouts(Session)
+        store.outcome(rollout, value, name, None)
+        if finish:
+            store.finish(rollout)
+    except ProxyError as exc:
+        raise UserError(exc.message) from None
+    finally:
+        engine.dispose()
 
