@@ -61,7 +61,8 @@ class Serving:
         # call's values) only when the proxy builds prompts as exact extensions (prefix mode)
         self.volatile = volatile or Volatile()
         self.hold = hold
-        # earlier replies a harness sends back rewritten (`prefix/rewrites.py`): held in prefix mode too
+        # earlier replies a harness sends back in its own form (`prefix/rewrites.py`): held like volatile
+        # spans (prefix mode only), noted in any mode where they keep a call from extending its turn
         self.rewrites = rewrites or Rewrites()
 
     async def handle(self, req: Request, ident: Identity, call_id: str, wire: Wire,
