@@ -6,9 +6,9 @@ Each harness runs three times, in a network namespace with only loopback up
 (tests/harness_cli_session.py), against the proxy in prefix mode in front of the scripted vLLM
 stand-in (tests/scripted_agent.py): `base-url`, pointed at the proxy by its own setting; `run`,
 under `harnessrl run` (interception on, base-URL variables set); `intercept`, under `harnessrl
-run` with every base-URL setting removed, so its calls reach the proxy only through mitmdump.
-Its task asks for SHELL_COMMAND; the scripted model calls the harness's shell tool, then answers
-quoting the output.
+run` with every base-URL setting removed, so its calls reach the proxy only through mitmdump;
+smolagents once more by base URL through the proxy in pass-through mode. Its task asks for
+SHELL_COMMAND; the scripted model calls the harness's shell tool, then answers quoting the output.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ TESTS = Path(__file__).resolve().parent
 LOCK = ROOT / "harnesses.lock"
 UNAVAILABLE = ROOT / ".harnesses" / "unavailable"
 MODES = ("base-url", "run", "intercept")
+PASS_THROUGH = "pass-through"  # base-URL mode again, the proxy without --prefix (Harness.pass_through)
 # the stand-in's one served model name: like vLLM it refuses others, and the proxy in prefix mode
 # sends it whatever the harness asks for (claude-opus-…, gpt-…); the litellm-based harnesses ask for it
 MODEL = "hrl-scripted"
@@ -35,7 +36,8 @@ TASK = "Run the shell command printf 'hrl-%s\\n' tool-ran and tell me what it pr
 # What a harness could leak: these fake keys are in every harness's environment, and must
 # appear nowhere in the records DB, the logs or the CA directory.
 KEYS = {"OPENAI_API_KEY": "sk-proj-hrlSecretOpenAI7xkLmQp2RvN9wEaYc4uD6sG",
-        "ANTHROPIC_API_KEY": "sk-ant-api03-hrlSecretAnthropicWm4nB7vC2xZ9qL5k"}
+        "ANTHROPIC_API_KEY": "sk-ant-api03-hrlSecretAnthropicWm4nB7vC2xZ9qL5k",
+        "GEMINI_API_KEY": "AIzaSyHrlSecretGeminiQ8tVb3Nc6Xz1Lk4Hj7"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,11 @@ class Harness:
     files: dict[str, str] = field(default_factory=dict)  # the work directory's files (a git repo)
     base_files: dict[str, str] = field(default_factory=dict)  # base-URL mode: its config files under HOME
     prints_answer: bool = True  # the final answer is on stdout
+    pin: str = ""  # its harnesses.lock entry, where not its name (one package run two ways)
+    pass_through: bool = False  # also run by base URL through a proxy in pass-through mode (PASS_THROUGH)
+
+    def __post_init__(self) -> None:
+        self.pin = self.pin or self.name
 
 
 CODEX_CONFIG = """model_provider = "proxy"
@@ -75,6 +82,20 @@ base_url = "{v1}"
 env_key = "OPENAI_API_KEY"
 wire_api = "responses"
 """
+
+# base-URL mode: Gemini CLI takes GOOGLE_GEMINI_BASE_URL only with API-key auth selected (else it
+# exits 41, "Invalid auth method selected."); `harnessrl run` writes this itself (gemini_settings.py)
+GEMINI_SETTINGS = '{{"security": {{"auth": {{"selectedType": "gemini-api-key"}}}}}}'  # (a format string)
+# base-URL mode: the OpenAI-compatible provider a user writes into Kilo's config (its braces doubled:
+# a format string, of which only {v1} is a field; Kilo itself reads the key from {env:OPENAI_API_KEY})
+KILO_CONFIG = json.dumps({"model": f"proxy/{MODEL}", "provider": {"proxy": {
+    "npm": "@ai-sdk/openai-compatible", "name": "harnessrl proxy", "models": {MODEL: {"name": MODEL}},
+    "options": {"baseURL": "{v1}", "apiKey": "{env:OPENAI_API_KEY}"}}}}).replace("{", "{{").replace(
+    "}", "}}").replace("{{v1}}", "{v1}")
+# smolagents: four runs of the command and the answer, five steps (a session long enough to show
+# what merging saves); its client is tests/harness_clients/smolagents_agent.py
+SMOL_TASK = TASK.replace("and tell me", "4 times, one run per step, and tell me")
+SMOL = str(TESTS / "harness_clients" / "smolagents_agent.py")
 
 HARNESSES = {
     # -p: print mode (non-interactive); Bash allowed, as a user answers its permission prompt
@@ -96,18 +117,34 @@ HARNESSES = {
                      prints_answer=False),  # its result is the edited file
     "openai-agents": Harness("openai-agents", "python", [str(TESTS / "harness_clients" / "agents_triage.py"), TASK],
                              base_env={"OPENAI_BASE_URL": "{v1}"}),
+    # -p: headless; --skip-trust: a headless run refuses an untrusted folder; the shell tool allowed,
+    # as a user answers its permission prompt (headless, it is not even offered otherwise)
+    "gemini-cli": Harness("gemini-cli", "gemini", ["--skip-trust", "--allowed-tools", "run_shell_command", "-p", TASK],
+                          base_env={"GOOGLE_GEMINI_BASE_URL": "{root}"},
+                          base_files={".gemini/settings.json": GEMINI_SETTINGS}),
+    # base-URL mode: an OpenAI-compatible provider; under `run`, its Anthropic provider (ANTHROPIC_BASE_URL)
+    "kilocode": Harness("kilocode", "kilo", ["run", "--auto", TASK], base_files={".config/kilo/kilo.json": KILO_CONFIG}),
+    "smolagents-tool": Harness("smolagents-tool", "python", [SMOL, "tool", SMOL_TASK],
+                               base_env={"OPENAI_BASE_URL": "{v1}"}, pin="smolagents", pass_through=True),
+    "smolagents-code": Harness("smolagents-code", "python", [SMOL, "code", SMOL_TASK],
+                               base_env={"OPENAI_BASE_URL": "{v1}"}, pin="smolagents", pass_through=True),
 }
 
 
+def _pin(name: str) -> Pin:
+    """The harnesses.lock entry of a harness of HARNESSES (or of a lock name)."""
+    return read_lock()[HARNESSES[name].pin if name in HARNESSES else name]
+
+
 def program(name: str) -> Path:
-    pin = read_lock()[name]
+    pin = _pin(name)
     if pin.kind == "npm":
         return ROOT / pin.where / "node_modules" / ".bin" / HARNESSES[name].binary
     return ROOT / pin.where / "bin" / HARNESSES[name].binary
 
 
 def installed_version(name: str) -> str | None:
-    pin = read_lock()[name]
+    pin = _pin(name)
     if pin.kind == "npm":
         package = ROOT / pin.where / "node_modules" / pin.package / "package.json"
         return json.loads(package.read_text())["version"] if package.is_file() else None
@@ -124,9 +161,9 @@ def require(name: str) -> None:
     the harness is missing or not at its pinned version (the install makes it)."""
     reasons = dict(line.split(": ", 1) for line in UNAVAILABLE.read_text().splitlines()
                    if ": " in line) if UNAVAILABLE.is_file() else {}
-    if name in reasons:
-        pytest.skip(f"{name} could not be installed here: {reasons[name]}")
-    pin = read_lock()[name]
+    pin = _pin(name)
+    if pin.name in reasons:
+        pytest.skip(f"{name} could not be installed here: {reasons[pin.name]}")
     have = installed_version(name)
     if have != pin.version or not program(name).is_file():
         pytest.fail(f"{name} {pin.version} is not installed ({program(name)}: found version {have}): run "
@@ -213,9 +250,16 @@ def check_calls(session: dict, mode: str, min_calls: int = 2, tool: bool = True)
 
 def check_merged(session: dict, mode: str) -> None:
     """The call that carries the tool's output extends the call that asked for the tool: its
-    prompt is that call's exact ids plus the new messages (one sequence for training)."""
+    prompt is that call's exact ids plus the new messages (one sequence for training). A side call
+    that reads the conversation under a system prompt of its own (Kilo's title generator) is
+    another session: only calls that begin as an earlier call without the output began count."""
     got = calls(session, mode)
-    after_tool = [c for c in got if "hrl-tool-ran" in json.dumps(c.request["messages"])]
+
+    def carries(c) -> bool:
+        return "hrl-tool-ran" in json.dumps(c.request["messages"])
+
+    heads = {json.dumps(c.request["messages"][0]) for c in got if not carries(c)}
+    after_tool = [c for c in got if carries(c) and json.dumps(c.request["messages"][0]) in heads]
     paths = [(c.seq, c.prompt_path, c.prefix_call_id is not None) for c in got]
     assert after_tool and all(c.prompt_path == "prefix" and c.prefix_call_id for c in after_tool), paths
 
@@ -228,8 +272,8 @@ def check_compiled(session: dict) -> None:
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     rollouts = set(pq.read_table(session["out"] / "samples" / "samples.parquet",
                                  columns=["rollout_id"]).column("rollout_id").to_pylist())
-    for mode in MODES:
-        assert session["results"][mode]["rollout"] in rollouts, (mode, compiled.stdout[-2000:])
+    for mode, result in session["results"].items():
+        assert result["rollout"] in rollouts, (mode, compiled.stdout[-2000:])
 
 
 def check_no_keys(session: dict) -> None:

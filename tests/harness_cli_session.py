@@ -2,8 +2,9 @@
 with only loopback up: the scripted vLLM stand-in, the proxy in prefix mode in front of it, then
 the harness pointed at the proxy by its own base-URL setting, then under `harnessrl run` (with
 interception; base-URL variables set), then under `harnessrl run` with no base-URL setting (its
-calls go to the vendor's host, where mitmdump catches them). Writes OUT/results.json: per mode
-the exit code, output, rollout id and seconds.
+calls go to the vendor's host, where mitmdump catches them); for a harness that asks for it, once
+more by base URL through a proxy in pass-through mode (`pass-through`). Writes OUT/results.json:
+per mode the exit code, output, rollout id and seconds.
 
     python harness_cli_session.py OUT HARNESS TOKENIZER
 """
@@ -22,12 +23,12 @@ from pathlib import Path
 
 import httpx
 
-from harness_cli import HARNESSES, KEYS, MODEL, MODES, TESTS, program
+from harness_cli import HARNESSES, KEYS, MODEL, MODES, PASS_THROUGH, TESTS, program
 from harnessrl.client import HarnessRL
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
 TIMEOUT = 150  # one harness run; each takes seconds when it works
-UNPOINTED = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "CODEX_HOME")
+UNPOINTED = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "GOOGLE_GEMINI_BASE_URL", "CODEX_HOME")
 
 
 def _free_port() -> int:
@@ -90,17 +91,46 @@ def _env(out: Path, mode: str, extra: dict[str, str]) -> dict[str, str]:
             "GIT_COMMITTER_EMAIL": "hrl@example.invalid", **KEYS, **extra}
 
 
+def _by_base_url(url: str, name: str, mode: str, out: Path, work: Path) -> dict:
+    """The harness pointed at a rollout's path by its own setting (variables, config files)."""
+    spec = HARNESSES[name]
+    with HarnessRL(url) as client:
+        ro = client.create_rollout(f"t-{name}", f"g-{name}", mode)
+        root = f"{url}/r/{ro.id}/a/main"
+        env = _env(out, mode, {**spec.env, **{k: v.format(root=root, v1=f"{root}/v1")
+                                              for k, v in spec.base_env.items()}})
+        for path, text in spec.base_files.items():
+            (Path(env["HOME"]) / path).parent.mkdir(parents=True, exist_ok=True)
+            (Path(env["HOME"]) / path).write_text(text.format(root=root, v1=f"{root}/v1"))
+        result = _run([str(program(name)), *spec.argv], env, work)
+        ro.reward(1.0 if result["rc"] == 0 else 0.0)
+        ro.finish()
+    return {**result, "rollout": ro.id}
+
+
+def _proxy(out: Path, sport: int, pport: int, tokenizer: str, prefix: bool) -> subprocess.Popen:
+    log = open(out / ("proxy.log" if prefix else "proxy-pass-through.log"), "w")
+    return subprocess.Popen(HARNESSRL + ["proxy", "--db", str(out / "runs.db"), "--upstream", f"http://127.0.0.1:{sport}",
+                                         "--tokenizer", tokenizer, "--port", str(pport), *(["--prefix"] if prefix else [])],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def main(out: Path, name: str, tokenizer: str) -> None:
     spec = HARNESSES[name]
     argv = [str(program(name)), *spec.argv]
     sport, pport = _free_port(), _free_port()
-    logs = {n: open(out / f"{n}.log", "w") for n in ("standin", "proxy")}
     standin = subprocess.Popen([sys.executable, str(TESTS / "vllm_standin.py"), "--tokenizer", tokenizer,
                                 "--port", str(sport), "--scripted", "--served-model-name", MODEL],
-                               stdout=logs["standin"], stderr=subprocess.STDOUT)
-    proxy = subprocess.Popen(HARNESSRL + ["proxy", "--db", str(out / "runs.db"), "--upstream",
-                                          f"http://127.0.0.1:{sport}", "--prefix", "--tokenizer", tokenizer,
-                                          "--port", str(pport)], stdout=logs["proxy"], stderr=subprocess.STDOUT)
+                               stdout=open(out / "standin.log", "w"), stderr=subprocess.STDOUT)
+    proxy = _proxy(out, sport, pport, tokenizer, prefix=True)
     url = f"http://127.0.0.1:{pport}"
     results: dict = {}
     try:
@@ -109,18 +139,7 @@ def main(out: Path, name: str, tokenizer: str) -> None:
         for mode in MODES:
             work = _workdir(out, mode, spec.files)
             if mode == "base-url":
-                with HarnessRL(url) as client:
-                    ro = client.create_rollout(f"t-{name}", f"g-{name}", mode)
-                    root = f"{url}/r/{ro.id}/a/main"
-                    env = _env(out, mode, {**spec.env, **{k: v.format(root=root, v1=f"{root}/v1")
-                                                          for k, v in spec.base_env.items()}})
-                    for path, text in spec.base_files.items():
-                        (Path(env["HOME"]) / path).parent.mkdir(parents=True, exist_ok=True)
-                        (Path(env["HOME"]) / path).write_text(text.format(root=root, v1=f"{root}/v1"))
-                    result = _run(argv, env, work)
-                    ro.reward(1.0 if result["rc"] == 0 else 0.0)
-                    ro.finish()
-                result["rollout"] = ro.id
+                result = _by_base_url(url, name, mode, out, work)
             else:
                 env = _env(out, mode, {**spec.env, "HARNESSRL_HOME": str(out / "hrl-home")})
                 # intercept: the harness unpointed (as if it ignored every base-URL setting), so its
@@ -133,13 +152,16 @@ def main(out: Path, name: str, tokenizer: str) -> None:
                 result["rollout"] = found.group(1) if found else None
             result["files"] = {f: (work / f).read_text() for f in spec.files}
             results[mode] = result
+        if spec.pass_through:  # once more by base URL, through a proxy in pass-through mode on the same DB
+            _stop(proxy)
+            proxy = _proxy(out, sport, pport, tokenizer, prefix=False)
+            _wait(f"{url}/health", proxy, "the pass-through proxy")
+            work = _workdir(out, PASS_THROUGH, spec.files)
+            results[PASS_THROUGH] = {**_by_base_url(url, name, PASS_THROUGH, out, work),
+                                     "files": {f: (work / f).read_text() for f in spec.files}}
     finally:
         for proc in (proxy, standin):
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -6,10 +6,16 @@ completions of the proxy's prefix mode.
 - A request with tools and no tool result yet: one tool call running SHELL_COMMAND through the
   harness's own shell tool (preceded by a scripted command, e.g. an edit, when the task names one
   of `commands`: (needle, shell line) pairs, the first needle found in the user's turns) (Claude Code's `Bash`, OpenCode's and mini-swe-agent's `bash`, Codex's
-  `exec_command` / `shell` / code-mode `exec`), or a handoff (`transfer_to_*`) first when the
-  harness offers one, or else its first tool with arguments made from the schema.
-- A tool result back: mini-swe-agent's finishing command if the harness asks for one, else a final
-  answer quoting the tool's output (the tests look for TOOL_OUTPUT in it, proving the tool ran).
+  `exec_command` / `shell` / code-mode `exec`, Gemini CLI's `run_shell_command`), or a handoff
+  (`transfer_to_*`) first when the harness offers one, or else its first tool with arguments made
+  from the schema.
+- A tool result back (a tool message, or smolagents' `Observation:` user turn): the shell call
+  again while fewer have run than the task's "N times", else mini-swe-agent's finishing command if
+  the harness asks for one, else a final answer quoting the tool's output (through smolagents'
+  `final_answer` tool where it is offered; the tests look for TOOL_OUTPUT in it, proving the tool ran).
+- smolagents' CodeAgent (no tools in the request; its system prompt asks for `<code>` blocks
+  calling `final_answer`): the same steps as Python code calling its `bash` tool, each ending
+  where its `</code>` stop sequence would have cut it.
 - No tools: aider's whole-file listing when it asks for one (applying `replace "A" with "B"` from
   the request), a JSON object for `response_format` (title calls), else a short sentence.
 """
@@ -67,7 +73,7 @@ def _command(turns: list[tuple[str, str]], commands: tuple[tuple[str, str], ...]
 
 def _shell_call(tools: list[dict], command: str) -> str | None:
     by_name = {_short(t.get("name", "")): t for t in tools}
-    if (t := by_name.get("Bash")) or (t := by_name.get("bash")):
+    if (t := by_name.get("Bash")) or (t := by_name.get("bash")) or (t := by_name.get("run_shell_command")):
         args = {"command": command}
         if "description" in ((t.get("parameters") or {}).get("required") or []):
             args["description"] = "Print a marker"  # OpenCode's bash requires it
@@ -84,7 +90,7 @@ def _shell_call(tools: list[dict], command: str) -> str | None:
 
 def _from_schema(schema: dict) -> object:
     """A small value that satisfies a JSON schema (the kinds harnesses use for arguments and titles)."""
-    kind = schema.get("type")
+    kind = str(schema.get("type") or "").lower()  # Gemini's schema dialect writes OBJECT, INTEGER, ...
     if "enum" in schema:
         return schema["enum"][0]
     if kind == "object" or "properties" in schema:
@@ -122,6 +128,31 @@ def _aider_listing(turns: list[tuple[str, str]]) -> str:
     return f"I will make the change.\n\n{name}\n```\n{content}```\n"
 
 
+def _observation(text: str) -> str | None:
+    """What a smolagents `Observation:` turn reports (CodeAgent's execution logs alone)."""
+    if not text.startswith("Observation:"):
+        return None
+    text = text.removeprefix("Observation:").strip()
+    return text.removeprefix("Execution logs:").split("Last output from code snippet:")[0].strip()
+
+
+def _runs_wanted(turns: list[tuple[str, str]]) -> int:
+    """How many times the user's first turn asks the command to run ("... 4 times ..."; else once)."""
+    first = next((text for role, text in turns if role == "user"), "")
+    found = re.search(r"\b(\d+) times\b", first)
+    return int(found.group(1)) if found else 1
+
+
+def _code_agent(turns: list[tuple[str, str]], latest: str, commands: tuple[tuple[str, str], ...]) -> str:
+    """smolagents' CodeAgent: Python calling its `bash` tool, then `final_answer`."""
+    observed = [o for role, text in turns if role == "user" and (o := _observation(text)) is not None]
+    if not observed or (len(observed) < _runs_wanted(turns) and _observation(latest.strip()) is not None):
+        code = f"print(bash(command={json.dumps(_command(turns, commands))}))"
+    else:
+        code = f"final_answer({json.dumps('The command printed: ' + observed[-1][:300])})"
+    return f"{_THINK}Thought: I run it and report.\n<code>\n{code}\n"  # `</code>` is its stop sequence
+
+
 def answer(prompt: str, response_format: dict | None = None, commands: tuple[tuple[str, str], ...] = ()) -> str:
     """The reply text (hermes tool calls in it) to a rendered prompt."""
     turns, tools = _turns(prompt), _tools(prompt)
@@ -131,10 +162,16 @@ def answer(prompt: str, response_format: dict | None = None, commands: tuple[tup
     # what came after the model's last turn (a harness may add a user note after the tool results)
     since = len(turns) - next((i for i, (role, _) in enumerate(reversed(turns)) if role == "assistant"), len(turns))
     latest = "\n".join(text for _, text in turns[since:])
+    system = turns[0][1] if turns and turns[0][0] == "system" else ""
+    if not tools and "<code>" in system and "final_answer" in system:
+        return _code_agent(turns, latest, commands)
+    observations = [o for role, text in turns[since:] if role == "user" and (o := _observation(text)) is not None]
     if tools:
         handoffs = [t for t in tools if _short(t.get("name", "")).startswith("transfer_to_")]
         called = _short(_last_call_name(turns) or "")
-        if "<tool_response>" not in latest or called.startswith("transfer_to_"):
+        ran = prompt.count("<tool_response>") + sum(_observation(text) is not None for role, text in turns)
+        result = "<tool_response>" in latest or observations
+        if not result or called.startswith("transfer_to_") or ran < _runs_wanted(turns):
             others = [t for t in tools if t not in handoffs]
             if handoffs and not called.startswith("transfer_to_"):
                 return _call(handoffs[0]["name"], {})
@@ -142,10 +179,12 @@ def answer(prompt: str, response_format: dict | None = None, commands: tuple[tup
                 return shell
             if others:
                 return _call(others[0]["name"], _from_schema(others[0].get("parameters") or {}))
-        outputs = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", latest, re.S)
+        outputs = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", latest, re.S) + observations
         output = outputs[-1].strip() if outputs else ""
         if "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in prompt and called == "bash" and TOOL_OUTPUT in output:
             return _call("bash", {"command": MINI_SUBMIT})  # mini-swe-agent ends on this command's output
+        if any(_short(t.get("name", "")) == "final_answer" for t in tools):  # smolagents' ToolCallingAgent
+            return _call("final_answer", {"answer": f"The command printed: {output[:300]}"})
         return f"{_THINK}The command printed: {output[:300]}"
     if "*file listing*" in prompt:
         return _aider_listing(turns)

@@ -1,9 +1,11 @@
 """The real harnesses of harnesses.lock in their default configuration — Claude Code, Codex CLI,
-OpenCode, mini-swe-agent, aider and the OpenAI Agents SDK — each by its own base-URL setting,
-under `harnessrl run`, and under `harnessrl run` with no base URL at all (interception only),
-against the proxy over a scripted vLLM stand-in (tests/harness_cli.py). One harness alone:
+OpenCode, mini-swe-agent, aider, the OpenAI Agents SDK, Gemini CLI, Kilo Code CLI and smolagents
+(ToolCallingAgent and CodeAgent) — each by its own base-URL setting, under `harnessrl run`, and
+under `harnessrl run` with no base URL at all (interception only), against the proxy over a
+scripted vLLM stand-in (tests/harness_cli.py). One harness alone:
 `pytest tests/test_harness_cli.py -k codex`."""
 
+import json
 import subprocess
 
 import harness_cli as hc
@@ -12,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.harness
 NAMES = tuple(hc.HARNESSES)
 TOOL_USERS = tuple(n for n in NAMES if n != "aider")  # aider has no tools: its result is the edited file
+SMOLAGENTS = tuple(n for n in NAMES if hc.HARNESSES[n].pin == "smolagents")
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +92,39 @@ def test_the_agents_sdk_triage_agent_hands_off_and_the_shell_agent_runs_its_tool
                for c in hc.calls(sessions("openai-agents"), mode)]
     assert offered[0] == ["transfer_to_shell_agent"]  # the triage agent's only tool is its handoff
     assert offered[1:] and all(names == ["bash"] for names in offered[1:]), offered
+
+
+def _surfaces(session: dict) -> dict[str, set[str]]:
+    return {mode: {c.surface for c in hc.calls(session, mode)} for mode in session["results"]}
+
+
+def test_gemini_cli_speaks_the_gemini_api_in_every_mode(sessions):
+    # by its base URL, and to generativelanguage.googleapis.com (caught by mitmdump) when unpointed
+    assert _surfaces(sessions("gemini-cli")) == dict.fromkeys(hc.MODES, {"gemini"})
+
+
+def test_kilo_code_speaks_chat_completions_by_base_url_and_anthropic_messages_under_run(sessions):
+    # base URL: the OpenAI-compatible provider of its config; under run: its Anthropic provider
+    # (ANTHROPIC_API_KEY in the environment), by ANTHROPIC_BASE_URL or through mitmdump
+    assert _surfaces(sessions("kilocode")) == {"base-url": {"chat"}, "run": {"messages"}, "intercept": {"messages"}}
+
+
+@pytest.mark.parametrize("name", SMOLAGENTS)
+def test_smolagents_through_a_pass_through_proxy_completes_with_every_call_recorded(sessions, name):
+    hc.check_completed(sessions(name), hc.PASS_THROUGH)
+    hc.check_calls(sessions(name), hc.PASS_THROUGH)
+
+
+@pytest.mark.parametrize("mode", (*hc.MODES, hc.PASS_THROUGH))
+@pytest.mark.parametrize("name", SMOLAGENTS)
+def test_smolagents_sessions_compile_to_one_tree_per_agent(sessions, name, mode):
+    """smolagents sends its own turns back rewritten as text (the tool calls as "Calling tools: [...]",
+    results as `Observation:` user turns, CodeAgent's code with its `</code>` stop added): its
+    five-step session (four runs, then the answer) is still one sequence, one sample of five merged
+    calls, not five samples paying the whole prompt each (issue 44: token saving > 2)."""
+    session = sessions(name)
+    assert session["compile"].returncode == 0, session["compile"].stderr[-3000:]
+    stats = json.loads((session["out"] / "samples" / "stats.json").read_text())
+    got = stats["rollouts"][session["results"][mode]["rollout"]]
+    assert (got["calls"], got["samples"], got.get("merges")) == (5, 1, 4), got
+    assert got["tokens_recorded"] / got["tokens_emitted"] > 2, got

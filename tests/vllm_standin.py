@@ -88,7 +88,7 @@ class StandIn:
         key = orjson.dumps([messages, tools])
         ids = self._prompts.get(key)
         if ids is None:
-            msgs = [{**m, "content": m.get("content") or ""} for m in messages]
+            msgs = [{**m, "content": _flat(m.get("content"))} for m in messages]
             text = self.tok.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=True)
             ids = self._prompts[key] = self.tok.encode(text, add_special_tokens=False)
         return ids
@@ -376,6 +376,13 @@ def _malformed(body: dict, model: str) -> dict:
     elif model == "bad-usage":
         body["usage"] = "lots"
     return body
+
+
+def _flat(content) -> str:
+    """A message's content as vLLM hands it to a "string"-format chat template: text parts joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
 
 
 def _usage(prompt: list[int], ids: list[int]) -> dict:

@@ -6,6 +6,7 @@ config.toml is the user's own (from `$CODEX_HOME` or ~/.codex) with one provider
 selected: the rollout's base URL on the Responses API, its key read from `HARNESSRL_KEY` (the
 rollout's `hrl-` key, so the user's own OpenAI key is never sent). The user's other Codex files
 (auth, sessions, AGENTS.md, skills) are linked in, so the command otherwise runs as configured.
+The same temporary folder holds the run's Gemini CLI home (gemini_home.py).
 """
 
 from __future__ import annotations

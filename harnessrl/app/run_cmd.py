@@ -29,6 +29,7 @@ from typing import IO
 import httpx
 
 from harnessrl.app.codex_home import KEY_ENV, codex_home
+from harnessrl.app.gemini_home import HOME_ENV as GEMINI_HOME_ENV, write_gemini_home
 from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
 from harnessrl.app.sandbox import Limits
 from harnessrl.app.workspace import CodingTask
@@ -97,18 +98,21 @@ def command_env(base: dict[str, str]) -> dict[str, str]:
 def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Interceptor | None) -> dict[str, str]:
     """What the command gets on top of this environment (less the operator's keys, `command_env`).
     Its own API keys are left alone with interception (they never leave mitmdump); otherwise, and
-    where it has none, the rollout's own key, which is also in HARNESSRL_KEY (what the Codex
-    provider of `codex_home` sends, and `harnessrl reward` inside the rollout)."""
+    where it has none, the rollout's own key (for OpenAI, Anthropic and Gemini clients), which is
+    also in HARNESSRL_KEY (what the Codex provider of `codex_home` sends, and `harnessrl reward`
+    inside the rollout)."""
     base = ro.base_url(agent)
     key = ro.api_key(agent)
     # ANTHROPIC_BASE_URL without /v1: the official SDKs append /v1/messages, the Vercel AI SDK
-    # (OpenCode) appends /messages, and the proxy serves both paths
+    # (OpenCode) appends /messages, and the proxy serves both paths; Google's SDKs append /v1beta/…
     env = {"HARNESSRL_PROXY": proxy_url, "HARNESSRL_ROLLOUT": ro.id, "HARNESSRL_AGENT": agent,
            "HARNESSRL_BASE_URL": base, KEY_ENV: key, "OPENAI_BASE_URL": base, "OPENAI_API_BASE": base,
-           "ANTHROPIC_BASE_URL": base.removesuffix("/v1")}
-    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+           "ANTHROPIC_BASE_URL": base.removesuffix("/v1"), "GOOGLE_GEMINI_BASE_URL": base.removesuffix("/v1")}
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
         if interceptor is None or not os.environ.get(name):
             env[name] = key  # (without interception its own key would reach the proxy: refused)
+    if interceptor is None and os.environ.get("GOOGLE_API_KEY"):
+        env["GOOGLE_API_KEY"] = key  # Google's SDKs prefer it to GEMINI_API_KEY
     if not os.environ.get("MSWEA_COST_TRACKING"):
         # mini-swe-agent stops on a model litellm has no price for, as a model behind the proxy usually is
         env["MSWEA_COST_TRACKING"] = "ignore_errors"
@@ -223,6 +227,8 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
     env = {**command_env(dict(os.environ)), **rollout_env(ro, proxy_url, opts.agent, interceptor), **(extra_env or {})}
     with codex_home(ro.base_url(opts.agent), env) as home:
         env["CODEX_HOME"] = str(home)  # Codex ignores OPENAI_BASE_URL: a provider config instead
+        # Gemini CLI takes GOOGLE_GEMINI_BASE_URL only with API-key auth selected in its settings
+        env[GEMINI_HOME_ENV] = str(write_gemini_home(home, env))
         if opts.limits is not None:
             from harnessrl.app.limited_run import run_limited_rollout  # it imports this module's helpers
 
