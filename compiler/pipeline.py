@@ -48,8 +48,9 @@ MISSING_OUTCOME = ("skip", "zero")
 ON_CALL_ERROR = ("drop", "keep")
 POLICY_ACTIONS = ("drop", "mask", "flag")
 STAT_KEYS = ("calls", "failed", "call_errors", "dropped_call_error", "text_only", "discarded", "embeddings", "retokenized", "sessions", "samples", "merges", "roots_start", "roots_branch",
-             "roots_drift", "roots_rewrite", "unmerged_rewrites", "untrained_sessions", "no_outcome", "skipped_no_outcome",
-             "singleton_groups", "singleton_buckets", "masked_truncated", "policy_violations", "policy_dropped",
+             "roots_drift", "roots_rewrite", "unmerged_rewrites", "untrained_sessions", "no_outcome",
+             "skipped_no_outcome", "singleton_groups", "singleton_buckets", "masked_truncated", "policy_violations",
+             "policy_dropped",
              "policy_masked", "policy_flagged", "tokens_recorded", "tokens_emitted", "trainable_tokens",
              "class_reasoning", "class_action", "class_args", "class_format")
 

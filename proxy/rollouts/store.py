@@ -106,7 +106,8 @@ class Rollouts:
         # inserted only while the rollout runs, checked in the insert itself: a finish that
         # commits first (through any proxy) wins, and the reward is refused
         row = select(literal(rollout_id), literal(call_id), literal(kind), literal(name), literal(value),
-                     literal(meta, Reward.meta.type), literal(time.time())).where(Rollout.id == rollout_id, TAKES_REWARDS)
+                     literal(meta, Reward.meta.type), literal(time.time())).where(
+            Rollout.id == rollout_id, TAKES_REWARDS)
         cols = ["rollout_id", "call_id", "kind", "name", "value", "meta", "created_at"]
         with self.Session.begin() as s:
             rid = s.scalar(insert(Reward).from_select(cols, row).returning(Reward.id))
