@@ -274,3 +274,46 @@ def test_what_is_not_served_is_a_400_naming_it(target, path, body, where):
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["message"].startswith(where + ":"), err
+
+
+def _sse(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_gemini_cli_calls_are_served_and_its_tool_turn_extends_the_call_before(target):
+    first, turn = captured("gemini_cli_first_call.json"), captured("gemini_cli_tool_turn.json")
+    decls = first["body"]["tools"][0]["functionDeclarations"]
+    with HarnessRL(target.url).rollout() as ro:
+        base = ro.base_url("gemini").removesuffix("/v1")  # GOOGLE_GEMINI_BASE_URL: no /v1
+        headers = {**first["headers"], "x-goog-api-key": "unused"}
+        r1 = httpx.post(base + first["path"], json=first["body"], headers=headers, timeout=60)
+        assert r1.status_code == 200 and r1.headers["content-type"].startswith("text/event-stream"), r1.text
+        parts = [p for c in _sse(r1.text) for p in c["candidates"][0]["content"]["parts"]]
+        assert parts[0].get("thought")  # the stand-in thinks first
+        # Gemini CLI keeps the answer in its history without the thought parts, signature kept
+        kept = [p for p in parts if not p.get("thought")]
+        assert kept[0]["thoughtSignature"]
+        call = next(p["functionCall"] for p in kept if "functionCall" in p)
+        contents = [*first["body"]["contents"], {"role": "model", "parts": kept}, {"role": "user", "parts": [
+            {"functionResponse": {"id": call["id"], "name": call["name"], "response": {"output": "hello"}}}]}]
+        r2 = httpx.post(base + first["path"], json={**first["body"], "contents": contents}, headers=headers, timeout=60)
+        # the captured tool turn (another session's: a root here), with the signature the proxy gave it
+        r3 = httpx.post(base + turn["path"], json=turn["body"], headers=headers, timeout=60)
+    assert r2.status_code == r3.status_code == 200
+    rows = calls(target.db, ro.id)
+    assert [r.agent for r in rows] == ["gemini"] * 3 and {r.client for r in rows} == {first["headers"]["user-agent"]}
+    req = rows[0].request
+    assert req["messages"][0] == {"role": "system", "content": first["body"]["systemInstruction"]["parts"][0]["text"]}
+    assert req["messages"][1]["content"] == "\n".join(p["text"] for p in first["body"]["contents"][0]["parts"])
+    # parametersJsonSchema is the function's parameters as sent; topK, topP and temperature the sampling
+    assert [t["function"] for t in req["tools"]] == [
+        {"name": d["name"], "description": d["description"], "parameters": d["parametersJsonSchema"]} for d in decls]
+    assert (req["temperature"], req["top_p"], req["top_k"]) == (1, 0.95, 64)
+    assert req["harnessrl_surface"]["body"]["generationConfig"]["thinkingConfig"] == {"includeThoughts": True}
+    assert_extends(rows[0], rows[1])  # the thoughts came back through the signature
+    # the captured turn: its signature's reasoning is the assistant turn's, Gemini CLI's shell output its tool result
+    assistant, tool = rows[2].request["messages"][-2:]
+    assert assistant["content"] == "<think>\nI will run a command and report what it prints.\n</think>"
+    assert assistant["tool_calls"][0]["function"]["name"] == "run_shell_command"
+    assert tool["role"] == "tool" and "hrl-tool-ran" in tool["content"]
+    assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"]

@@ -6,12 +6,15 @@ is translated by one of these rules or refused with a 400 naming it — none is 
 - `systemInstruction` (its text parts, joined by newlines) becomes the first system message;
 - a `model` turn's `thought` text parts, text parts and `functionCall` parts one assistant message
   (thought joined back into the content as the model wrote it, `surfaces.blocks.join_think`;
-  a part's `thoughtSignature` is not checked); a call's `id` is its tool-call id (the proxy's
-  answers carry one), one without an id gets `<name>_<turn>_<part>`;
+  sent back without its thought parts, the reasoning is the one its `thoughtSignature` carries
+  when the proxy made it, `surfaces.gemini.thoughts`; any other signature is not checked); a
+  call's `id` is its tool-call id (the proxy's answers carry one), one without an id gets
+  `<name>_<turn>_<part>`;
 - a `user` turn's `functionResponse` parts tool messages, answering the call with their `id` or,
   without one, the earliest unanswered call of that name (a `response` of only `output` is that
-  text, of only `error` "Error: " and that text, any other its JSON); its text parts, and images
-  as `inlineData` / `fileData`, the user message (the role `function` of older clients is `user`);
+  text, of only `error` "Error: " and that text, any other its JSON); its text parts (joined by
+  newlines) and images as `inlineData` / `fileData`, the user message (the role `function` of
+  older clients is `user`);
 - tools, `toolConfig`: `surfaces.gemini.tools`;
 - `generationConfig`: `temperature`, `topP`, `topK`, `maxOutputTokens`, `stopSequences` (→ stop),
   `seed`, `presencePenalty`, `frequencyPenalty`, `responseLogprobs` + `logprobs` (→ logprobs +
@@ -19,8 +22,8 @@ is translated by one of these rules or refused with a 400 naming it — none is 
   `responseJsonSchema` → a json_schema `response_format`, without either → json_object;
   `candidateCount` 1 (more: one request per candidate); `responseModalities` TEXT only;
 - recorded with the call and otherwise ignored: `safetySettings` (the proxy filters nothing),
-  `thinkingConfig` (the model thinks as its template lets it; its thoughts always come back, so
-  the harness can send them back and the next call extends this one), `labels`, `serviceTier`,
+  `thinkingConfig` (the model thinks as its template lets it; its thoughts always come back, as
+  thought parts and in a `thoughtSignature`, so the next call extends this one), `labels`, `serviceTier`,
   `store`, `mediaResolution`, `enableEnhancedCivicAnswers`. Refused: `cachedContent` (nothing is
   cached here; the prefix index reuses prompts without it), `speechConfig`, `imageConfig`, code
   execution parts, audio and video.
@@ -36,6 +39,7 @@ from harnessrl.proxy.surfaces.blocks import join_think
 from harnessrl.proxy.surfaces.gemini.fields import (at, bad, boolean, fields, integer, listed, number, spellings,
                                                     string)
 from harnessrl.proxy.surfaces.gemini.schema import json_schema
+from harnessrl.proxy.surfaces.gemini.thoughts import unsign
 from harnessrl.proxy.surfaces.gemini.tools import tool_choice, tools
 from harnessrl.proxy.surfaces.hosted_tools import Removed
 from harnessrl.proxy.validate import check_chat, valid_model
@@ -164,10 +168,12 @@ def _model(parts: list, p: str, turn: int) -> tuple[dict, list[tuple[str, str]]]
     thinking: list[str] = []
     texts: list[str] = []
     calls: list[dict] = []
+    signed = None  # the reasoning a thoughtSignature of the proxy's carries (`surfaces.gemini.thoughts`)
     for j, part in enumerate(parts):
         q = f"{p}.parts[{j}]"
         f = fields(part, q, _PART)
         kind = _data(f, q)
+        signed = signed or unsign(f.get("thoughtSignature"))
         if kind == "text":
             text = string(f, "text", q)
             (thinking if boolean(f, "thought", q) else texts).append(text)
@@ -182,7 +188,8 @@ def _model(parts: list, p: str, turn: int) -> tuple[dict, list[tuple[str, str]]]
                           "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
         else:
             raise bad(f"{q}.{kind}", "is not supported in a model turn here (text, thought and functionCall are)")
-    content = join_think("".join(thinking) if thinking else None, "".join(texts))
+    reasoning = "".join(thinking) if thinking else signed
+    content = join_think(reasoning, "".join(texts))
     msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         msg["tool_calls"] = calls
@@ -196,7 +203,8 @@ def _user(parts: list, p: str, pending: list[tuple[str, str]]) -> list[dict]:
     def flush() -> None:
         if media:
             text_only = all(m["type"] == "text" for m in media)
-            out.append({"role": "user", "content": "".join(m["text"] for m in media) if text_only else list(media)})
+            # text parts joined by newlines: Gemini CLI sends its session context and the prompt as two
+            out.append({"role": "user", "content": "\n".join(m["text"] for m in media) if text_only else list(media)})
             media.clear()
 
     for j, part in enumerate(parts):

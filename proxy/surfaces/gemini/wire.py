@@ -18,6 +18,7 @@ from harnessrl.proxy.protocol import Delta, Request, Result
 from harnessrl.proxy.surfaces.adapter import Adapter
 from harnessrl.proxy.surfaces.blocks import Block, BlockStream, Event, blocks_of
 from harnessrl.proxy.surfaces.gemini.request import to_request
+from harnessrl.proxy.surfaces.gemini.thoughts import sign
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
@@ -70,6 +71,15 @@ def _part(b: Block) -> dict:
     return {"functionCall": {"id": b.call_id, "name": b.name, "args": _args(b.text)}}
 
 
+def _sign_first(parts: list[dict], reasoning: str) -> bool:
+    """Put the reasoning in a `thoughtSignature` (`surfaces.gemini.thoughts`) on the first part
+    after the thoughts — the first a client that drops thoughts keeps; whether there was one."""
+    first = next((p for p in parts if not p.get("thought")), None)
+    if first is not None and reasoning:
+        first["thoughtSignature"] = sign(reasoning)
+    return first is not None
+
+
 def _logprobs(tokens: list[tuple[str, float]], top: list[list[tuple[str, float]]] | None) -> dict:
     out: dict[str, Any] = {"chosenCandidates": [{"token": t, "logProbability": lp} for t, lp in tokens],
                            "logProbabilitySum": sum(lp for _, lp in tokens)}
@@ -88,6 +98,7 @@ class GeminiWire:
         self.media_type = "text/event-stream" if self.sse else "application/json"
         self._logprobs = bool(req.body.get("logprobs"))
         self._sent = False  # the JSON-array stream: whether its "[" went out
+        self._signed = False  # the stream: whether a part after its thoughts went out (signed)
         self._blocks = BlockStream()
 
     def _answer(self, parts: list[dict], finish: str | None = None, usage: dict | None = None,
@@ -118,7 +129,10 @@ class GeminiWire:
         return _FINISH.get(r.finish_reason or "stop", "OTHER")
 
     def response(self, r: Result) -> dict:
-        parts = [_part(b) for b in blocks_of(r)] or [{"text": ""}]
+        blocks = blocks_of(r)
+        parts = [_part(b) for b in blocks]
+        _sign_first(parts, "".join(b.text for b in blocks if b.kind == "reasoning"))
+        parts = parts or [{"text": ""}]
         lp = None
         if self._logprobs and r.logprobs is not None:
             lp = _logprobs(list(zip(r.tokens or [""] * len(r.logprobs), r.logprobs)), r.top_logprobs)
@@ -133,14 +147,18 @@ class GeminiWire:
         self._sent = True
         return head + data
 
-    @staticmethod
-    def _parts(events: list[Event]) -> list[dict]:
+    def _reasoning(self) -> str:
+        return "".join(b.text for b in self._blocks.blocks if b.kind == "reasoning")
+
+    def _parts(self, events: list[Event]) -> list[dict]:
         parts = []
         for e in events:
             if e.op == "piece" and e.block.kind != "tool":
                 parts.append({"text": e.piece, "thought": True} if e.block.kind == "reasoning" else {"text": e.piece})
             elif e.op == "close" and e.block.kind == "tool":
                 parts.append(_part(e.block))
+        if not self._signed:  # once thoughts give way to text or a call, their reasoning is whole
+            self._signed = _sign_first(parts, self._reasoning())
         return parts
 
     def _chunk_logprobs(self, deltas: list[Delta]) -> dict | None:
