@@ -1,12 +1,14 @@
 """One optimizer step of each objective vs a plain TRL GRPOTrainer loss step on identical tensors.
 
-    python bench/train_step.py [--model DIR] [--tasks 4] [--k 4] [--repeats 10]
+    python bench/train_step.py [--model DIR] [--tasks 4] [--k 4] [--repeats 10] [--clock cpu|wall]
 
 Every trainer sees the same compiled batch (prepared once, outside the timing); a step is
 loss + backward(s) + optimizer step. The baseline is `trl.GRPOTrainer._compute_loss` (loss_type
 bnpo = token mean) on the same prompt/completion/mask/advantage tensors. Memory: peak allocated
 CUDA memory on a GPU; on CPU, the bytes autograd saves for backward (activations), the part of a
-step's memory that the objectives change. Ratios are against the baseline measured in this run;
+step's memory that the objectives change. Time: on CPU the process's CPU time by default (one
+torch thread: the step's own work, which other processes on a shared machine barely move), wall
+time on a GPU. Ratios are against the baseline measured in this run;
 "time × per token" divides by the tokens forwarded (PACT forwards its privileged prompts and SFT
 sequences too). `capo` is the default routing (heads and MLP units, shared remainder); `capo
 mlp/leak` the earlier rule (three separate gradients). The round-start scoring of `ratio_to: round`
@@ -41,8 +43,8 @@ def saved_bytes(counter: list[int]):
 class Runner:
     """One trainer stepping on its fixed batch."""
 
-    def __init__(self, trainer, batch, steps: int):
-        self.trainer, self.times, self.mem = trainer, [], 0.0
+    def __init__(self, trainer, batch, steps: int, clock):
+        self.trainer, self.times, self.mem, self.clock = trainer, [], 0.0, clock
         trainer._prepare_inputs = lambda _rows: batch  # the batch is built once, outside the timing
         trainer.create_optimizer_and_scheduler(num_training_steps=steps)
         trainer.current_gradient_accumulation_steps = 1
@@ -54,7 +56,7 @@ class Runner:
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+        t0 = self.clock()
         with saved_bytes(counter):
             self.trainer.training_step(self.trainer.model, None, None)
         self.trainer.optimizer.step()
@@ -62,7 +64,7 @@ class Runner:
         if cuda:
             torch.cuda.synchronize()
         if record:
-            self.times.append(time.perf_counter() - t0)
+            self.times.append(self.clock() - t0)
             self.mem = max(self.mem, torch.cuda.max_memory_allocated() if cuda else counter[0])
 
 
@@ -74,8 +76,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--q", type=float, default=0.4, help="PACT anchoring probability")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default=None,
+                    help="cpu: this process's CPU time (the default on CPU: with one thread it is the step's work, and other "
+                         "processes on the machine barely move it); wall: elapsed time (the default on a GPU)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    clock = time.process_time if (a.clock or ("wall" if torch.cuda.is_available() else "cpu")) == "cpu" else time.perf_counter
 
     from datasets import Dataset as HFDataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -125,9 +131,9 @@ def main() -> None:
     pact_batch = pact.fixed_batch()
     steps = a.repeats + 2
     runners = {
-        "trl GRPOTrainer": Runner(plain, trl_batch, steps), "grpo": Runner(grpo, batch, steps),
-        "matpo": Runner(matpo, matpo.fixed_batch(), steps), "capo": Runner(capo, capo.fixed_batch(), steps),
-        "capo mlp/leak": Runner(leak, leak.fixed_batch(), steps), "pact": Runner(pact, pact_batch, steps),
+        "trl GRPOTrainer": Runner(plain, trl_batch, steps, clock), "grpo": Runner(grpo, batch, steps, clock),
+        "matpo": Runner(matpo, matpo.fixed_batch(), steps, clock), "capo": Runner(capo, capo.fixed_batch(), steps, clock),
+        "capo mlp/leak": Runner(leak, leak.fixed_batch(), steps, clock), "pact": Runner(pact, pact_batch, steps, clock),
     }
     # Round-robin, so that load from other processes falls on every objective alike; 2 warm-up rounds.
     for r in range(steps):
@@ -138,17 +144,17 @@ def main() -> None:
     # ratio_to: round scores logp_old once per round, outside the steps: a no-grad forward of each later step's batch
     scoring = []
     for _ in range(a.repeats):
-        t = time.perf_counter()
+        t = clock()
         with torch.no_grad():
             grpo.policy_logps(grpo.model, batch)
-        scoring.append(time.perf_counter() - t)
+        scoring.append(clock() - t)
 
     from rich.console import Console
     from rich.table import Table
 
     t0, m0 = results["trl GRPOTrainer"]
     targets = {"grpo": 1.05, "matpo": None, "capo": 1.3, "pact": None}  # pact: ≤ 1.3 per trained token
-    table = Table(title=f"train step on {device}, {n} samples, {int(batch['completion_mask'].sum())} completion tokens "
+    table = Table(title=f"train step on {device} ({'CPU' if clock is time.process_time else 'wall'} time), {n} samples, {int(batch['completion_mask'].sum())} completion tokens "
                         f"(pact: {int(pact_batch['gate'].eq(0).sum())} of {n} rows on the trace)")
     def tokens(b) -> int:  # tokens forwarded per step (PACT: privileged prompts and SFT sequences too)
         return int(b["prompt_mask"].sum() + b["completion_mask"].sum() + (b["sft_mask"].sum() if "sft_mask" in b else 0))

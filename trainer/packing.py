@@ -70,8 +70,11 @@ def _attention(module, query, key, value, attention_mask, packed_bounds: tuple[i
 
     if attention_mask is not None or packed_bounds is None or len(packed_bounds) <= 2 or query.size(0) != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    parts = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
-             for a, b in zip(packed_bounds[:-1], packed_bounds[1:])]
+    # split, not slices: a slice's backward writes its gradient into a zeroed full-length tensor, once
+    # per sequence and projection; split's backward is one concatenation
+    sizes = [b - a for a, b in zip(packed_bounds[:-1], packed_bounds[1:])]
+    parts = [sdpa_attention_forward(module, q, k, v, None, **kwargs)[0]
+             for q, k, v in zip(*(x.split(sizes, dim=2) for x in (query, key, value)))]
     return torch.cat(parts, dim=1), None  # (1, N, heads, head_dim), as SDPA's
 
 
