@@ -2,7 +2,8 @@
 and the `?key=` form) over a real socket, on the tiny model (local backend) behind a proxy with an
 API key: generate, both stream forms, a function-calling round trip that merges into one
 session, countTokens, the model list, Gemini-shaped errors recorded as failed calls, and the key
-never at rest. The SDK's base URL is the proxy root or a rollout's base URL without /v1: it adds
+never at rest; and, in front of an upstream (the vLLM stand-in), thoughts a client drops coming
+back through the thoughtSignature. The SDK's base URL is the proxy root or a rollout's base URL without /v1: it adds
 /v1beta/models/{model}:{method} itself."""
 
 from __future__ import annotations
@@ -209,3 +210,38 @@ def test_keys_and_other_refusals_are_gemini_shaped(target):
     r = httpx.post(f"{target.url}/r/{ro.id}/a/x/v1beta/models/tiny:generateContent", json=body,
                    headers={"x-goog-api-key": KEY})
     assert r.status_code == 410 and r.json()["error"]["status"] == "FAILED_PRECONDITION"
+
+
+@pytest.fixture(scope="module")
+def passthrough(tiny_model_dir, upstream, tokenizer_dir, tmp_path_factory):
+    with serve_target("passthrough", tmp_path_factory.mktemp("gemini-pt"), tiny_model_dir, upstream,
+                      tokenizer_dir) as t:
+        yield t
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["generate", "stream"])
+def test_thoughts_dropped_by_the_client_come_back_through_the_signature(passthrough, stream):
+    """In front of an upstream (the stand-in thinks before its tool call): the thought parts, and
+    the same reasoning in a thoughtSignature on the first part after them; a client that keeps
+    only the signature (Gemini CLI) sends a turn the next call is found to extend."""
+    contents = [types.Content(role="user", parts=[types.Part(text=QUESTION)])]
+    with HarnessRL(passthrough.url).rollout() as ro:
+        c = _client(ro.base_url("solo").removesuffix("/v1"))
+        if stream:
+            chunks = list(c.models.generate_content_stream(model="m", contents=contents, config=CONFIG))
+            parts = [p for ch in chunks for p in ch.candidates[0].content.parts]
+        else:
+            parts = c.models.generate_content(model="m", contents=contents, config=CONFIG).candidates[0].content.parts
+        thoughts = "".join(p.text for p in parts if p.thought)
+        kept = [p for p in parts if not p.thought]
+        assert thoughts.startswith("I should") and kept[0].thought_signature
+        call = next(p.function_call for p in kept if p.function_call)
+        contents += [types.Content(role="model", parts=kept), types.Content(role="user", parts=[types.Part(
+            function_response=types.FunctionResponse(name=call.name, response={"output": "Paris"}))])]
+        c.models.generate_content(model="m", contents=contents, config=CONFIG)
+    first, second = calls(passthrough.db, ro.id)
+    assert second.prefix_call_id == first.id
+    assistant = second.request["messages"][2]
+    assert assistant["content"].startswith("<think>\n" + thoughts)
+    # a function response without an id answers the call of that name
+    assert second.request["messages"][3] == {"role": "tool", "tool_call_id": call.id, "content": "Paris"}

@@ -1,7 +1,8 @@
 """The request contract on the local backend (tiny model) and through the upstream routes, with
 the openai SDK on a real socket: tool_choice and response_format enforced by constrained
 decoding, real top_logprobs, developer messages, media parts, token ids and log-probs given
-back when asked for, and the served model name."""
+back when asked for, and the served model name; the Gemini surface's share of it with the
+google-genai SDK; a subnormal top_p on every surface."""
 
 from __future__ import annotations
 
@@ -225,3 +226,37 @@ def test_a_subnormal_top_p_samples_the_most_likely_token(proxy, path):
         assert r.status_code == 200, r.text
         ids.append(unpack_ids(_call(proxy.db, r.headers["x-harnessrl-call"]).completion_ids).tolist())
     assert ids[0] == ids[1] and ids[0]
+
+
+def test_gemini_generation_config_and_tool_config_are_the_request_contract(proxy):
+    """The same contract through the Gemini surface, with the google-genai SDK: ANY with one
+    allowed function forces it, responseSchema (Gemini's dialect) is enforced, log-probs are the
+    recorded ones with real alternatives."""
+    from google import genai
+    from google.genai import types
+
+    c = genai.Client(api_key="unused", http_options=types.HttpOptions(
+        base_url=proxy.url, retry_options=types.HttpRetryOptions(attempts=1)))
+    tools = [types.Tool(function_declarations=[
+        types.FunctionDeclaration(name=t["function"]["name"], description=t["function"]["description"],
+                                  parameters_json_schema=t["function"]["parameters"]) for t in (LOOKUP, WEATHER)])]
+    forced = types.ToolConfig(function_calling_config=types.FunctionCallingConfig(
+        mode="ANY", allowed_function_names=["get_weather"]))
+    r = c.models.generate_content(model="tiny", contents=ASK[0]["content"], config=types.GenerateContentConfig(
+        tools=tools, tool_config=forced, temperature=0, max_output_tokens=40))
+    (call,) = r.function_calls
+    assert call.name == "get_weather" and call.args["city"] in ("paris", "oslo")
+    schema = types.Schema(type="OBJECT", properties={"answer": types.Schema(type="STRING", enum=["yes", "no"])},
+                          required=["answer"])
+    for seed in range(2):
+        r = c.models.generate_content(model="tiny", contents=ASK[0]["content"], config=types.GenerateContentConfig(
+            response_mime_type="application/json", response_schema=schema, seed=seed, max_output_tokens=30))
+        assert json.loads(r.text)["answer"] in ("yes", "no")
+    r = c.models.generate_content(model="tiny", contents=ASK[0]["content"], config=types.GenerateContentConfig(
+        temperature=0, max_output_tokens=5, response_logprobs=True, logprobs=3))
+    result = r.candidates[0].logprobs_result
+    recorded = unpack_logprobs(_call(proxy.db, r.response_id).completion_logprobs)
+    assert len(result.chosen_candidates) == len(recorded) == 5
+    for chosen, top, lp in zip(result.chosen_candidates, result.top_candidates, recorded):
+        assert math.isclose(chosen.log_probability, lp, rel_tol=1e-5) and len(top.candidates) == 3
+        assert top.candidates[0].token == chosen.token  # greedy: the chosen token is the most likely
