@@ -40,7 +40,8 @@ def report(out: Path, console: Console) -> None:
     for line in verdicts(summary):
         console.print(f"  {line}")
     console.print(_per_seed(runs))
-    console.print("paired by seed (mean difference of held-out success, 95% t-interval over seeds):")
+    console.print("paired by seed (mean difference of held-out success, 95% t-interval over seeds; the verdict by the "
+                  "t-test's p, Holm-adjusted over every comparison listed):")
     for line in seed_verdicts(runs):
         console.print(f"  {line}")
     if all("parts_before" in r for rs in runs.values() for r in rs):

@@ -1,0 +1,232 @@
+"""The fair benchmark (issue 41 §3): every algorithm gets the same tuning budget on every task
+family, chosen on a validation split and reported on held-out tasks, with the seed as the unit.
+
+    python bench/fair.py --jobs 2                      # run what the ledger lacks, then report
+    python bench/fair.py --max-runs 20                 # a chunk of it (resumes from the ledger)
+    python bench/fair.py --report-only                 # the report from the ledger alone
+
+Stages, each run one `bench/learning.py` process (one family, one algorithm, one learning rate,
+one seed, one torch thread; `--jobs` of them at once):
+
+1. tune: every (family, algorithm, lr of `--grid`) on the `--tune-seeds`, evaluated on the
+   family's validation split (`--eval-on validation`);
+2. choose: per (family, algorithm) the lr of the highest mean validation success after RL (a tie
+   goes to the grid's earlier value) — the same grid and seeds for every algorithm;
+3. report: every (family, algorithm) at its chosen lr on the `--seeds` (disjoint from the tuning
+   seeds, so the choice cannot fit their noise), evaluated on the held-out tasks;
+4. analyse: per family, each algorithm against `--baseline` paired by seed (the same seed's
+   warm start under both), a t-interval of the per-seed differences and its p-value, Holm-adjusted
+   over every comparison reported; per-seed tables; and each paper's claim on its own family:
+   holds (adjusted p < 0.05, above the baseline), fails (below), or not shown.
+
+Every finished run is a line of the ledger (`--ledger`, committed to the repository: a benchmark
+that takes longer than a working session is run in chunks, and a line is never trained again).
+Settings that change what a run means (`--rounds`, `--group-size`, …, passed through after `--`)
+are part of each line's key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_stats import holm, paired_test  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+# each paper's claim: its algorithm above the baseline on the family built from its setting
+CLAIMS = {"capo": "capo-multihop", "matpo": "matpo-delegate", "pact": "pact-sparse"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    console = Console()
+    ledger = Ledger(args.ledger)
+    if not args.report_only:
+        run_missing(args, ledger, console)
+    report(args, ledger, console)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default="capo-multihop,matpo-delegate,pact-sparse")
+    ap.add_argument("--algos", default="grpo,capo,matpo,pact")
+    ap.add_argument("--baseline", default="grpo")
+    ap.add_argument("--grid", default="1e-4,2e-4,4e-4", help="learning rates tried for every algorithm")
+    ap.add_argument("--tune-seeds", default="100,101")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs (the ledger keeps them)")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/fair"))
+    ap.add_argument("--ledger", type=Path, default=BENCH / "results" / "fair.jsonl")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("extra", nargs="*", help="after --: more bench/learning.py flags, the same for every run")
+    args = ap.parse_args(argv)
+    args.families, args.algos = args.families.split(","), args.algos.split(",")
+    args.grid = [float(x) for x in args.grid.split(",")]
+    args.tune_seeds, args.seeds = [int(s) for s in args.tune_seeds.split(",")], [int(s) for s in args.seeds.split(",")]
+    if set(args.tune_seeds) & set(args.seeds):
+        raise SystemExit("--tune-seeds and --seeds share a seed: the choice would be reported on the seeds it was made on")
+    if args.baseline not in args.algos:
+        raise SystemExit(f"--baseline {args.baseline} is not in --algos")
+    return args
+
+
+class Ledger:
+    """The finished runs, one JSON line each, keyed by (stage, family, algo, lr, seed, extra flags)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+    @staticmethod
+    def key(stage: str, family: str, algo: str, lr: float, seed: int, extra: list[str]) -> str:
+        return json.dumps([stage, family, algo, lr, seed, extra])
+
+    def get(self, key: str) -> dict | None:
+        return next((x for x in self.lines if x["key"] == key), None)
+
+    def add(self, line: dict) -> None:
+        self.lines.append(line)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def planned(args, ledger: Ledger, stage: str) -> list[tuple]:
+    """The runs of a stage: (stage, family, algo, lr, seed) whose line the ledger lacks."""
+    todo = []
+    for family in args.families:
+        for algo in args.algos:
+            lrs = args.grid if stage == "tune" else [chosen_lr(args, ledger, family, algo)]
+            if lrs == [None]:  # its tuning is not finished
+                continue
+            for lr in lrs:
+                for seed in (args.tune_seeds if stage == "tune" else args.seeds):
+                    if ledger.get(Ledger.key(stage, family, algo, lr, seed, args.extra)) is None:
+                        todo.append((stage, family, algo, lr, seed))
+    return todo
+
+
+def chosen_lr(args, ledger: Ledger, family: str, algo: str) -> float | None:
+    """The grid's lr of the highest mean validation success over the tuning seeds; None until all are run."""
+    best = None
+    for lr in args.grid:
+        lines = [ledger.get(Ledger.key("tune", family, algo, lr, s, args.extra)) for s in args.tune_seeds]
+        if any(x is None for x in lines):
+            return None
+        mean = sum(x["after"] for x in lines) / len(lines)
+        if best is None or mean > best[1]:
+            best = (lr, mean)
+    return best[0]
+
+
+def run_missing(args, ledger: Ledger, console: Console) -> None:
+    started = 0
+    for stage in ("tune", "report"):
+        todo = planned(args, ledger, stage)
+        if args.max_runs is not None:
+            todo = todo[: max(0, args.max_runs - started)]
+        started += len(todo)
+        console.print(f"{stage}: {len(todo)} runs to do")
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for line in pool.map(lambda run: one_run(args, *run), todo):
+                ledger.add(line)
+                console.print(f"  {line['stage']} {line['family']} {line['algo']} lr {line['lr']:g} seed {line['seed']}: "
+                              f"{line['before']:.3f} → {line['after']:.3f} ({line['seconds']:.0f} s)")
+
+
+def one_run(args, stage: str, family: str, algo: str, lr: float, seed: int) -> dict:
+    where = args.out / family / stage / f"{algo}-lr{lr:g}" / f"seed-{seed}"
+    where.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(BENCH / "learning.py"), "--family", family, "--algos", algo, "--lr", str(lr),
+           "--seeds", str(seed), "--jobs", "1", "--out", str(where), "--warm-cache", str(args.out / "warm"),
+           "--eval-on", "validation" if stage == "tune" else "held-out", *args.extra]
+    t = time.perf_counter()
+    with open(where / "log.txt", "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if rc:
+        raise SystemExit(f"{' '.join(cmd)}: exit {rc}, see {where / 'log.txt'}")
+    run = json.loads((where / "results.json").read_text())["runs"][algo][0]
+    return {"key": Ledger.key(stage, family, algo, lr, seed, args.extra), "stage": stage, "family": family,
+            "algo": algo, "lr": lr, "seed": seed, "extra": args.extra, "seconds": time.perf_counter() - t,
+            **{k: run[k] for k in ("before", "after", "curve", "train") if k in run},
+            **{k: run[k] for k in ("group_success", "diagnostics") if k in run}}
+
+
+def comparisons(args, ledger: Ledger) -> list[dict]:
+    """Each algorithm against the baseline on each family, paired by the report seeds both finished."""
+    out = []
+    for family in args.families:
+        lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
+        runs = {a: {x["seed"]: x for x in ledger.lines if x["stage"] == "report" and x["family"] == family
+                    and x["algo"] == a and x["lr"] == lrs[a] and x["extra"] == args.extra} for a in args.algos}
+        for algo in args.algos:
+            if algo == args.baseline:
+                continue
+            seeds = sorted(set(runs[algo]) & set(runs[args.baseline]))
+            if len(seeds) < 2:
+                continue
+            diffs = [runs[algo][s]["after"] - runs[args.baseline][s]["after"] for s in seeds]
+            mean, lo, hi, p = paired_test(diffs)
+            out.append({"family": family, "algo": algo, "seeds": seeds, "diffs": diffs, "mean": mean,
+                        "lo": lo, "hi": hi, "p": p, "lr": lrs[algo], "baseline_lr": lrs[args.baseline]})
+    for c, adj in zip(out, holm([c["p"] for c in out])):
+        c["p_holm"] = adj
+    return out
+
+
+def verdict(c: dict) -> str:
+    if c["p_holm"] < 0.05:
+        return "above" if c["mean"] > 0 else "below"
+    return "not separated"
+
+
+def report(args, ledger: Ledger, console: Console) -> None:
+    for family in args.families:
+        lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
+        table = Table(title=f"{family}: held-out success per seed, warm start → after RL (lr chosen on validation)")
+        for col in ("seed", "warm start", *(f"{a} (lr {lrs[a]:g})" if lrs[a] else f"{a} (tuning)" for a in args.algos)):
+            table.add_column(col)
+        rows = {}
+        for x in ledger.lines:
+            if x["stage"] == "report" and x["family"] == family and x["extra"] == args.extra and x["lr"] == lrs.get(x["algo"]):
+                rows.setdefault(x["seed"], {})[x["algo"]] = x
+        for s in sorted(rows):
+            warm = next(iter(rows[s].values()))["before"]
+            table.add_row(str(s), f"{warm:.3f}", *(f"{rows[s][a]['after']:.3f}" if a in rows[s] else "" for a in args.algos))
+        console.print(table)
+    cs = comparisons(args, ledger)
+    table = Table(title=f"each algorithm − {args.baseline}, paired by seed: mean [95% t-interval], p, Holm-adjusted p "
+                        f"over the {len(cs)} comparisons")
+    for col in ("family", "algorithm", "seeds", "mean difference", "p", "p (Holm)", "verdict"):
+        table.add_column(col)
+    for c in cs:
+        table.add_row(c["family"], c["algo"], str(len(c["seeds"])), f"{c['mean']:+.3f} [{c['lo']:+.2f}, {c['hi']:+.2f}]",
+                      f"{c['p']:.3f}", f"{c['p_holm']:.3f}", verdict(c))
+    console.print(table)
+    for algo, family in CLAIMS.items():
+        c = next((c for c in cs if c["algo"] == algo and c["family"] == family), None)
+        if c is None:
+            console.print(f"{algo}'s claim (above {args.baseline} on {family}): not measured yet")
+            continue
+        v = verdict(c)
+        word = {"above": "holds", "below": "does not hold: below the baseline", "not separated": "not shown"}[v]
+        console.print(f"{algo}'s claim (above {args.baseline} on {family}): {word} "
+                      f"({c['mean']:+.3f} [{c['lo']:+.2f}, {c['hi']:+.2f}], Holm p {c['p_holm']:.3f}, {len(c['seeds'])} seeds)")
+    n_tune = sum(x["stage"] == "tune" for x in ledger.lines)
+    n_report = sum(x["stage"] == "report" for x in ledger.lines)
+    hours = sum(x["seconds"] for x in ledger.lines) / 3600
+    console.print(f"ledger {args.ledger}: {n_tune} tuning and {n_report} report runs, {hours:.1f} run-hours")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""bench/fair.py without training: the paired t-test and Holm's adjustment against numbers worked
+out by hand, the plan (the same grid and tuning seeds for every algorithm, the lr chosen on
+validation, the report on other seeds), and the report read from a ledger."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_holm_by_hand():
+    holm = _load("learning_stats").holm
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 → kept monotone: 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.2]) == pytest.approx([0.2])
+
+
+def test_paired_t_test_by_hand():
+    paired_test = _load("learning_stats").paired_test
+    # diffs 0.1, 0.2, 0, 0.1: mean 0.1, sd √(0.02/3) = 0.08165, se 0.040825, t = 2.4495 on 3 df
+    # (two-sided p 0.0917), half-width t.975(3) = 3.1824 × 0.040825 = 0.12992
+    mean, lo, hi, p = paired_test([0.1, 0.2, 0.0, 0.1])
+    assert (mean, lo, hi) == pytest.approx((0.1, 0.1 - 0.12992, 0.1 + 0.12992), abs=1e-4)
+    assert p == pytest.approx(0.0917, abs=5e-4)
+    assert paired_test([0.0, 0.0, 0.0])[3] == 1.0
+    assert paired_test([0.1, 0.1, 0.1])[3] == 0.0
+
+
+def _args(fair, tmp_path, *more):
+    return fair.parse_args(["--families", "capo-multihop", "--algos", "grpo,capo", "--grid", "1e-4,2e-4",
+                            "--tune-seeds", "100,101", "--seeds", "0,1,2", "--ledger", str(tmp_path / "l.jsonl"), *more])
+
+
+def _line(fair, stage, family, algo, lr, seed, before, after, extra=()):
+    return {"key": fair.Ledger.key(stage, family, algo, lr, seed, list(extra)), "stage": stage, "family": family,
+            "algo": algo, "lr": lr, "seed": seed, "extra": list(extra), "seconds": 60.0, "before": before, "after": after}
+
+
+def test_the_grid_is_tuned_on_validation_seeds_and_reported_on_the_others(tmp_path):
+    fair = _load("fair")
+    args = _args(fair, tmp_path)
+    ledger = fair.Ledger(args.ledger)
+    tune = fair.planned(args, ledger, "tune")
+    # every algorithm: both lrs × both tuning seeds; no report run before the tuning is finished
+    assert sorted(tune) == sorted(("tune", "capo-multihop", a, lr, s) for a in ("grpo", "capo")
+                                  for lr in (1e-4, 2e-4) for s in (100, 101))
+    assert fair.planned(args, ledger, "report") == []
+    after = {("grpo", 1e-4): (0.5, 0.6), ("grpo", 2e-4): (0.7, 0.6), ("capo", 1e-4): (0.4, 0.4), ("capo", 2e-4): (0.3, 0.5)}
+    for (algo, lr), values in after.items():
+        for seed, v in zip((100, 101), values):
+            ledger.add(_line(fair, "tune", "capo-multihop", algo, lr, seed, 0.3, v))
+    assert fair.chosen_lr(args, ledger, "capo-multihop", "grpo") == 2e-4  # mean 0.65 over 0.55
+    assert fair.chosen_lr(args, ledger, "capo-multihop", "capo") == 1e-4  # a tie (0.4, 0.4) goes to the earlier
+    assert sorted(fair.planned(args, ledger, "report")) == sorted(
+        [("report", "capo-multihop", "grpo", 2e-4, s) for s in (0, 1, 2)]
+        + [("report", "capo-multihop", "capo", 1e-4, s) for s in (0, 1, 2)])
+    # the ledger is the file: a new process sees what was run
+    assert len(fair.Ledger(args.ledger).lines) == 8
+    # flags passed through to learning.py are part of the key: other settings, other runs
+    assert len(fair.planned(_args(fair, tmp_path, "--", "--rounds", "2"), ledger, "tune")) == 8
+
+
+def test_tuning_and_report_seeds_must_differ(tmp_path):
+    fair = _load("fair")
+    with pytest.raises(SystemExit, match="share a seed"):
+        fair.parse_args(["--tune-seeds", "0,9", "--seeds", "0,1"])
+
+
+def test_the_report_pairs_by_seed_and_corrects_over_the_comparisons(tmp_path):
+    from rich.console import Console
+
+    fair = _load("fair")
+    args = _args(fair, tmp_path, "--families", "capo-multihop,pact-sparse", "--algos", "grpo,capo,pact")
+    ledger = fair.Ledger(args.ledger)
+    for family in args.families:
+        for algo in args.algos:
+            for lr in args.grid:
+                for seed in args.tune_seeds:
+                    ledger.add(_line(fair, "tune", family, algo, lr, seed, 0.2, 0.5 if lr == 1e-4 else 0.4))
+    report = {("capo-multihop", "grpo"): [0.50, 0.55, 0.60], ("capo-multihop", "capo"): [0.60, 0.66, 0.69],
+              ("capo-multihop", "pact"): [0.40, 0.60, 0.50],
+              ("pact-sparse", "grpo"): [0.10, 0.10, 0.20], ("pact-sparse", "capo"): [0.10, 0.10, 0.20],
+              ("pact-sparse", "pact"): [0.00, 0.10, 0.10]}
+    for (family, algo), values in report.items():
+        for seed, v in zip(args.seeds, values):
+            ledger.add(_line(fair, "report", family, algo, 1e-4, seed, 0.2, v))
+    cs = {(c["family"], c["algo"]): c for c in fair.comparisons(args, ledger)}
+    # capo − grpo on capo-multihop: diffs 0.10, 0.11, 0.09; mean 0.10, sd 0.01, t = 17.32 on 2 df, p = 0.00332
+    c = cs[("capo-multihop", "capo")]
+    assert c["diffs"] == pytest.approx([0.10, 0.11, 0.09])
+    assert c["p"] == pytest.approx(0.00332, abs=2e-5)
+    # four comparisons; it has the smallest p (the all-zero pact-sparse capo one has p 1): × 4
+    assert len(cs) == 4
+    assert c["p_holm"] == pytest.approx(4 * c["p"], rel=1e-6)
+    assert cs[("pact-sparse", "capo")]["p"] == 1.0
+    assert fair.verdict(c) == "above"
+    console = Console(record=True, width=200)
+    fair.report(args, ledger, console)
+    text = console.export_text()
+    assert "capo's claim (above grpo on capo-multihop): holds" in text
+    # pact − grpo on pact-sparse: diffs −0.1, 0, −0.1: not separated after correction
+    assert "pact's claim (above grpo on pact-sparse): not shown" in text
+    assert "matpo's claim (above grpo on matpo-delegate): not measured yet" in text
+    assert json.loads(Path(args.ledger).read_text().splitlines()[0])["stage"] == "tune"
