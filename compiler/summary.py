@@ -14,7 +14,7 @@ _ROWS = (
     ("retokenized", "retokenized calls"), ("sessions", "sessions"), ("samples", "samples"),
     ("merges", "merges (extends)"), ("roots_start", "roots: session start"), ("roots_branch", "roots: branch"),
     ("roots_drift", "new roots: drift"), ("roots_rewrite", "new roots: rewrite"),
-    ("unmerged_rewrites", "  of which harness rewrites"),
+    ("unmerged_rewrites", "new roots: unmerged harness rewrites"),
     ("untrained_sessions", "sessions not trained"), ("no_outcome", "rollouts without outcome"),
     ("skipped_no_outcome", "  left out (no outcome)"), ("singleton_groups", "groups of one rollout"),
     ("singleton_buckets", "turn buckets of one"), ("masked_truncated", "unfinished last turns masked"),
