@@ -22,11 +22,13 @@ one seed, one torch thread; `--jobs` of them at once):
 Every finished run is a line of the ledger (`--ledger`, committed to the repository: a benchmark
 that takes longer than a working session is run in chunks, and a line is never trained again).
 Settings that change what a run means (`--rounds`, `--group-size`, …, passed through after `--`)
-are part of each line's key."""
+are part of each line's key, and so is a fingerprint of the task families' code (bench/learning.py
+and harness_examples/toolbox/): change a family and its runs are run again."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -42,6 +44,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_stats import holm, paired_test  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
+
+
+def _tasks_code() -> str:
+    """A fingerprint of what makes the task families and their warm starts: a run made before
+    they changed is not this benchmark's run (the trainer and the loop may change and keep it)."""
+    root = BENCH.parent
+    files = [BENCH / "learning.py", *sorted((root / "harness_examples" / "toolbox").glob("*.py"))]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
+
+
+TASKS_CODE = _tasks_code()
 # each paper's claim: its algorithm above the baseline on the family built from its setting
 CLAIMS = {"capo": "capo-multihop", "matpo": "matpo-delegate", "pact": "pact-sparse"}
 
@@ -89,7 +102,7 @@ class Ledger:
 
     @staticmethod
     def key(stage: str, family: str, algo: str, lr: float, seed: int, extra: list[str]) -> str:
-        return json.dumps([stage, family, algo, lr, seed, extra])
+        return json.dumps([stage, family, algo, lr, seed, extra, TASKS_CODE])
 
     def get(self, key: str) -> dict | None:
         return next((x for x in self.lines if x["key"] == key), None)
@@ -222,10 +235,38 @@ def report(args, ledger: Ledger, console: Console) -> None:
         word = {"above": "holds", "below": "does not hold: below the baseline", "not separated": "not shown"}[v]
         console.print(f"{algo}'s claim (above {args.baseline} on {family}): {word} "
                       f"({c['mean']:+.3f} [{c['lo']:+.2f}, {c['hi']:+.2f}], Holm p {c['p_holm']:.3f}, {len(c['seeds'])} seeds)")
+    diagnostics(args, ledger, console)
     n_tune = sum(x["stage"] == "tune" for x in ledger.lines)
     n_report = sum(x["stage"] == "report" for x in ledger.lines)
     hours = sum(x["seconds"] for x in ledger.lines) / 3600
     console.print(f"ledger {args.ledger}: {n_tune} tuning and {n_report} report runs, {hours:.1f} run-hours")
+
+
+# what a loss is read by: how much gradient the update kept, how far it moved, how much signal the groups had
+WHY = ("grad_norm", "grad_norm/act_withheld", "grad_norm/args_withheld", "kl", "clip_ratio", "entropy")
+
+
+def diagnostics(args, ledger: Ledger, console: Console) -> None:
+    """Per family and algorithm, means over the report seeds: the share of round-1 training groups
+    with a success (the signal GRPO-style advantages have) and the trainer's logged diagnostics."""
+    for family in args.families:
+        lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
+        lines = {a: [x for x in ledger.lines if x["stage"] == "report" and x["family"] == family and x["algo"] == a
+                     and x["lr"] == lrs[a] and x["extra"] == args.extra] for a in args.algos}
+        keys = [k for k in WHY if any(k in x.get("diagnostics", {}) for xs in lines.values() for x in xs)]
+        if not any(lines.values()):
+            continue
+        table = Table(title=f"{family}: why (means over the report seeds; trainer diagnostics of the last round)")
+        for col in ("algo", "groups with a success, round 1", *keys):
+            table.add_column(col)
+        for a, xs in lines.items():
+            if not xs:
+                continue
+            g = [x["group_success"][0] for x in xs if x.get("group_success")]
+            cells = [f"{sum(v) / len(v):.3g}" if (v := [x["diagnostics"][k] for x in xs if k in x.get("diagnostics", {})]) else ""
+                     for k in keys]
+            table.add_row(a, f"{sum(g) / len(g):.2f}" if g else "", *cells)
+        console.print(table)
 
 
 if __name__ == "__main__":

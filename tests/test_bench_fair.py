@@ -103,7 +103,8 @@ def test_the_report_pairs_by_seed_and_corrects_over_the_comparisons(tmp_path):
               ("pact-sparse", "pact"): [0.00, 0.10, 0.10]}
     for (family, algo), values in report.items():
         for seed, v in zip(args.seeds, values):
-            ledger.add(_line(fair, "report", family, algo, 1e-4, seed, 0.2, v))
+            line = _line(fair, "report", family, algo, 1e-4, seed, 0.2, v)
+            ledger.add({**line, "group_success": [0.1 * (seed + 1), 0.5], "diagnostics": {"kl": 0.01 * seed, "other": 1}})
     cs = {(c["family"], c["algo"]): c for c in fair.comparisons(args, ledger)}
     # capo − grpo on capo-multihop: diffs 0.10, 0.11, 0.09; mean 0.10, sd 0.01, t = 17.32 on 2 df, p = 0.00332
     c = cs[("capo-multihop", "capo")]
@@ -121,4 +122,7 @@ def test_the_report_pairs_by_seed_and_corrects_over_the_comparisons(tmp_path):
     # pact − grpo on pact-sparse: diffs −0.1, 0, −0.1: not separated after correction
     assert "pact's claim (above grpo on pact-sparse): not shown" in text
     assert "matpo's claim (above grpo on matpo-delegate): not measured yet" in text
+    # the reasons beside: round-1 groups with a success (0.1, 0.2, 0.3 → 0.20), the trainer's KL (0, 0.01, 0.02)
+    assert "pact-sparse: why" in text and "groups with a success, round 1" in text
+    assert any(line.split()[:3] == ["│", "pact", "│"] and "0.20" in line and "0.01" in line for line in text.splitlines())
     assert json.loads(Path(args.ledger).read_text().splitlines()[0])["stage"] == "tune"
