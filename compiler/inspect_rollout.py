@@ -44,6 +44,9 @@ def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_cha
         rows = conn.execute(select(Call.id, Call.seq, Call.surface, Call.endpoint, Call.status, Call.error,
                                    Call.client).where(Call.rollout_id == rollout_id).order_by(Call.seq)).all()
     surface = {r.id: r.surface or r.endpoint for r in rows}
+    breaks = [n.call.call_id for t in work.trees for n in t.nodes if n.parent < 0 and n.cause in ("drift", "rewrite")]
+    rewrites = {cid: r["harnessrl_rewrite"] for cid, r in (reader.requests(breaks) if breaks else {}).items()
+                if isinstance(r, dict) and isinstance(r.get("harnessrl_rewrite"), dict)}
     root = Tree(Text.assemble(("rollout ", "bold"), rollout_id, f"  task={work.task_id} group={work.group_id} "
                               f"calls={work.stats['calls']} failed={work.stats['failed']} ",
                               (f"errors={work.errors}", "bold red" if work.errors else ""),
@@ -74,6 +77,10 @@ def rollout_tree(db: str, rollout_id: str, tokenizer: str | None = None, max_cha
                                  f"completion={len(c.completion)} ", kind)
             if c.retokenized:
                 head.append(" retokenized", style="red")
+            if (rw := rewrites.get(c.call_id)) is not None:  # the proxy's note: docs/methods.md §2
+                how = f"rule {rw['rule']} (pass-through: use --prefix)" if rw.get("rule") else "no rewrite rule"
+                head.append(f"  the harness re-sent call {rw.get('call')}'s reply in its own form: {how}",
+                            style="yellow")
             handles[i] = parent.add(head)
             handles[i].add(_coloured(reader.token_text, c.completion, work.units[c.call_id].classes, max_chars))
     others = [r for r in rows if r.status != "ok"]

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
+from harnessrl.compiler.inspect_rollout import rollout_tree
 from harnessrl.compiler.summary import summary_notes, summary_table
 from harnessrl.errors import UserError
 from harnessrl.proxy.prefix.index import PrefixIndex, Turn, same_message
@@ -160,6 +161,11 @@ def test_as_a_pass_through_the_rewrites_are_counted_not_silently_split(recorded,
     console = Console(record=True, width=120)
     console.print(summary_table(totals))
     assert "new roots: unmerged harness rewrites" in console.export_text()
+    # and `harnessrl inspect` says so at each break
+    console = Console(record=True, width=400)
+    console.print(rollout_tree(target.db, "code", target.tokenizer, 20))
+    shown = console.export_text()
+    assert shown.count("reply in its own form: rule smolagents-code (pass-through: use --prefix)") == 2
 
 
 # ---- a harness with no built-in rule: a pattern, not code ------------------------------------
