@@ -115,16 +115,31 @@ def test_smolagents_through_a_pass_through_proxy_completes_with_every_call_recor
     hc.check_calls(sessions(name), hc.PASS_THROUGH)
 
 
-@pytest.mark.parametrize("mode", (*hc.MODES, hc.PASS_THROUGH))
+def _rollout_stats(session: dict, mode: str) -> dict:
+    assert session["compile"].returncode == 0, session["compile"].stderr[-3000:]
+    stats = json.loads((session["out"] / "samples" / "stats.json").read_text())
+    return stats["rollouts"][session["results"][mode]["rollout"]]
+
+
+@pytest.mark.parametrize("mode", hc.MODES)
 @pytest.mark.parametrize("name", SMOLAGENTS)
 def test_smolagents_sessions_compile_to_one_tree_per_agent(sessions, name, mode):
     """smolagents sends its own turns back rewritten as text (the tool calls as "Calling tools: [...]",
-    results as `Observation:` user turns, CodeAgent's code with its `</code>` stop added): its
-    five-step session (four runs, then the answer) is still one sequence, one sample of five merged
-    calls, not five samples paying the whole prompt each (issue 44: token saving > 2)."""
-    session = sessions(name)
-    assert session["compile"].returncode == 0, session["compile"].stderr[-3000:]
-    stats = json.loads((session["out"] / "samples" / "stats.json").read_text())
-    got = stats["rollouts"][session["results"][mode]["rollout"]]
+    results as `Observation:` user turns, CodeAgent's code with its `</code>` stop added): in prefix
+    mode its five-step session (four runs, then the answer) is still one sequence, one sample of five
+    merged calls, not five samples paying the whole prompt each (issue 44: token saving > 2)."""
+    got = _rollout_stats(sessions(name), mode)
     assert (got["calls"], got["samples"], got.get("merges")) == (5, 1, 4), got
     assert got["tokens_recorded"] / got["tokens_emitted"] > 2, got
+
+
+@pytest.mark.parametrize("name", SMOLAGENTS)
+def test_smolagents_rewrites_through_a_pass_through_proxy_are_counted_not_silently_split(sessions, name):
+    """A pass-through proxy sends the harness's rewritten text to the model as it is, so the next
+    prompt is not the sampled tokens and cannot extend them: each later call names the rewrite rule
+    that recognised the reply, and compile counts them (`unmerged_rewrites`) beside its samples."""
+    session = sessions(name)
+    got = _rollout_stats(session, hc.PASS_THROUGH)
+    assert (got["calls"], got["samples"], got.get("unmerged_rewrites")) == (5, 5, 4), got
+    rules = [(c.request.get("harnessrl_rewrite") or {}).get("rule") for c in hc.calls(session, hc.PASS_THROUGH)]
+    assert rules[0] is None and len(set(rules[1:])) == 1 and rules[1].startswith("smolagents"), rules
