@@ -63,9 +63,10 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
         notes.append(f"{t['call_errors']:,} calls were refused or failed in the rollouts compiled: kept "
                      "(--on-call-error keep)")
     if t.get("unmerged_rewrites"):
-        notes.append(f"{t['unmerged_rewrites']:,} calls re-sent an earlier reply in the harness's own form, which no "
-                     "rewrite rule merged, so their sessions split there: run the proxy with --prefix (rules apply "
-                     "only there) and, for a harness without a built-in rule, --rewrite-pattern (docs/methods.md §2)")
+        notes.append(f"{t['unmerged_rewrites']:,} calls re-sent an earlier reply in the harness's own form and were "
+                     "not merged on it, so their sessions split there: a proxy with --prefix merges them where a "
+                     "rewrite rule recognises the form (built in: smolagents; another harness: --rewrite-pattern, "
+                     "docs/methods.md §2)")
     single = t.get("singleton_groups", 0) + t.get("singleton_buckets", 0)
     if single:
         how = "advantage 0" if o["adv_config"]["singleton"] == "zero" else "their raw value as advantage"
