@@ -3,14 +3,17 @@ connection pool, and nothing else: no parsing, rewriting or recording. `proxy_ov
 it beside the proxy, under the same load, as the floor of what a proxy process built on this
 stack costs on the machine; the proxy's cost above it is harnessrl's own work.
 
-    python bench/forwarder.py --upstream http://127.0.0.1:8001 --port 8002
+    python bench/forwarder.py --upstream http://127.0.0.1:8001 --port 8002 [--server uvicorn|granian]
+
+`--server granian` serves the same ASGI app on granian (a Rust HTTP server; one worker process,
+uvloop), to compare the two stacks under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
-
-import uvicorn
+import os
+from pathlib import Path
 
 from harnessrl.proxy.upstream.http_pool import Pool
 
@@ -46,10 +49,25 @@ def forwarder(upstream: str):
     return app
 
 
+def from_env():
+    """The forwarder of $HARNESSRL_FORWARD_TO (granian's factory: its worker process imports this)."""
+    return forwarder(os.environ["HARNESSRL_FORWARD_TO"])
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--server", choices=("uvicorn", "granian"), default="uvicorn")
     args = ap.parse_args()
-    uvicorn.run(forwarder(args.upstream), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
-                lifespan="off", access_log=False, log_level="warning", backlog=4096, timeout_keep_alive=75)
+    if args.server == "granian":
+        from granian import Granian
+
+        os.environ["HARNESSRL_FORWARD_TO"] = args.upstream
+        Granian("forwarder:from_env", address="127.0.0.1", port=args.port, interface="asgi", loop="uvloop",
+                factory=True, backlog=4096, log_level="warning", working_dir=Path(__file__).resolve().parent).serve()
+    else:
+        import uvicorn
+
+        uvicorn.run(forwarder(args.upstream), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
+                    lifespan="off", access_log=False, log_level="warning", backlog=4096, timeout_keep_alive=75)

@@ -208,6 +208,8 @@ def valid_id(name: str, value: str) -> bool:
 
 def check_id(name: str, value: str, param: str | None = None) -> None:
     """400 unless `value` fits the charset and length of a `name` id (rollout, agent, ...)."""
+    if (name, value) in _CHECKED:  # the same ids come call after call: each is checked once
+        return
     limit = _LIMITS[name]
     if len(value) > limit:
         raise bad_request(f"{name} id is longer than {limit} characters", param, code="identity_too_long")
@@ -215,6 +217,14 @@ def check_id(name: str, value: str, param: str | None = None) -> None:
         # the value is not echoed: it may be a secret sent in the wrong place
         raise bad_request(f"{name} id may only hold letters, digits and . _ @ + = ~ -", param,
                           code="invalid_identity")
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED.add((name, value))
+
+
+# ids found valid (a bounded set: cleared when full, so a flood of new ids costs only their checks)
+_CHECKED: set[tuple[str, str]] = set()
+_CHECKED_MAX = 4096
 
 
 def check_labels(**labels: str | None) -> None:

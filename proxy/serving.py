@@ -91,7 +91,8 @@ class Serving:
             result = await self.route.run(req, prompt)
             model_s = time.perf_counter() - tm
             data = wire.response(result)
-            self.fill(rec, result, data, t0)
+            body = orjson.dumps(data)
+            self.fill(rec, result, data, t0, body)
         except Exception as exc:  # noqa: BLE001 - every failure is recorded and answered
             err = await self.fail(rec, as_proxy_error(exc, rec.id), t0)
             return errors(err, headers)
@@ -100,7 +101,7 @@ class Serving:
         except ProxyError as err:
             return errors(err, headers)
         self.remember(rec, ident, req, result, prompt.turn)
-        return Response(orjson.dumps(data), 200, headers, "application/json")
+        return JSONAnswer(body, call_id)
 
     def _extends(self, req: Request, ident: Identity, rec: CallRecord) -> tuple[Turn | None, Request]:
         """The earlier call this one extends, and the request the route runs: the harness's, or,
@@ -180,9 +181,10 @@ class Serving:
         yield (wire.chunks(held) if held else b"") + wire.close(result)
         self.remember(rec, ident, req, result, prompt.turn)
 
-    def fill(self, rec: CallRecord, r: Result, data: dict, t0: float) -> None:
+    def fill(self, rec: CallRecord, r: Result, data: dict, t0: float, encoded: bytes | None = None) -> None:
         """Put a finished call's outcome in its record: ids, log-probs, usage, the answer `data`
-        as the harness gets it (without token-id fields), latency since `t0`. Not yet committed."""
+        as the harness gets it (without token-id fields), latency since `t0`. Not yet committed.
+        `encoded`: `data` as the JSON sent, recorded as it is when the record keeps all of it."""
         rec.prompt_ids = pack_ids(r.prompt_ids)
         rec.completion_ids = pack_ids(r.completion_ids)
         rec.completion_logprobs = pack_logprobs(r.logprobs)
@@ -193,6 +195,8 @@ class Serving:
                                       len(r.completion_ids) if r.completion_ids is not None else None)
         rec.finish_reason = r.finish_reason
         rec.response, rec.response_text, rec.tool_calls = _stored(data), r.text, r.tool_calls
+        if encoded is not None and rec.response is data:  # the same JSON: encoded once, not again at commit
+            rec.response_json = encoded.decode()
         if r.drift is not None:
             rec.drift = r.drift
         rec.latency_ms = (time.perf_counter() - t0) * 1e3
@@ -262,6 +266,23 @@ class Serving:
             return
         self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,
                                             r.completion_ids, self.route.eos_ids, parent))
+
+
+class JSONAnswer:
+    """A 200 answer whose JSON is already encoded, sent as Starlette's `Response` sends it (the
+    same two ASGI messages and headers) without building one: the hot path's only answer type."""
+
+    __slots__ = ("body", "call_id")
+
+    def __init__(self, body: bytes, call_id: str) -> None:
+        self.body, self.call_id = body, call_id
+
+    async def __call__(self, scope, receive, send) -> None:
+        prefix = "websocket." if scope["type"] == "websocket" else ""
+        await send({"type": prefix + "http.response.start", "status": 200, "headers": [
+            (b"x-harnessrl-call", self.call_id.encode("latin-1")), (b"content-length", str(len(self.body)).encode()),
+            (b"content-type", b"application/json")]})
+        await send({"type": prefix + "http.response.body", "body": self.body})
 
 
 class _ClosingStream(StreamingResponse):

@@ -96,7 +96,8 @@ _COMMON = (
 
 def _check_common(req: dict) -> None:
     for name, ok, what in _COMMON:
-        _opt(req, name, ok, what)
+        if name in req:  # a body names a few of these: the call only for those
+            _opt(req, name, ok, what)
 
 
 def _check_parts(parts: list, at: str) -> None:
@@ -134,6 +135,9 @@ def _check_tool_calls(tcs: Any, at: str) -> None:
         _check_function_call(tc.get("function"), f"{here}.function")
 
 
+_PLAIN = frozenset(("role", "content"))
+
+
 def _check_message(m: Any, at: str) -> None:
     if not isinstance(m, dict):
         raise _bad(at, "a message object")
@@ -141,6 +145,8 @@ def _check_message(m: Any, at: str) -> None:
     if not isinstance(role, str) or role not in _ROLES:
         raise bad_request(f"'{at}.role' must be one of {sorted(_ROLES)}", param=f"{at}.role", code="invalid_type")
     c = m.get("content")
+    if isinstance(c, str) and _PLAIN.issuperset(m):  # most messages: nothing else to check
+        return
     if isinstance(c, list):
         _check_parts(c, f"{at}.content")
     elif c is not None and not isinstance(c, str):

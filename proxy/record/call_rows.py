@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 import os
 import time
-from dataclasses import field, fields, make_dataclass
+from dataclasses import field, make_dataclass
 from typing import Any
 
 import orjson
@@ -72,13 +72,16 @@ def _record_class() -> type:
             spec.append((c.name, Any, field(default=None)))
         else:
             spec.append((c.name, Any))
+    # not a column: `response` as JSON text when the answer's own encoding is it (`Serving.fill`)
+    spec.append(("response_json", Any, field(default=None)))
     cls = make_dataclass("CallRecord", spec, slots=True, kw_only=True)
     cls.__module__ = "harnessrl.proxy.record.recorder"
     return cls
 
 
 CallRecord = _record_class()
-_COLUMNS = [f.name for f in fields(CallRecord)]
+_COLUMNS = [c.name for c in CALLS.columns if c.name != "seq"]
+_RESPONSE_AT = _COLUMNS.index("response")
 _JSON_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(CALLS.c[name].type, JSON)]
 # written raw, so escaped here as the ORM type would (model text may hold U+0000)
 _NUL_SAFE_AT = [i for i, name in enumerate(_COLUMNS) if isinstance(CALLS.c[name].type, NulSafeText)]
@@ -149,8 +152,9 @@ class RowWriter:
                         rec.status = "error"
                         rec.error = refused + (f" (after {rec.error})" if rec.error else "")
                 row = list(_values(rec))
+                encoded = rec.response_json
                 for j in _JSON_AT:
-                    row[j] = _json(row[j])
+                    row[j] = encoded if j == _RESPONSE_AT and encoded is not None else _json(row[j])
                 for j in _NUL_SAFE_AT:
                     row[j] = escape_nul(row[j])
                 row.append(seq)
