@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache, partial
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -40,7 +41,7 @@ log = logging.getLogger("harnessrl.proxy")
 _PATH = re.compile(r"^(?:/r/(?P<rollout>[^/]+)/a/(?P<agent>[^/]+))?/(?P<version>v1beta|v1alpha|v1)(?P<rest>/.*)?\Z",
                    re.S)
 # a Gemini version segment behind a prefix that is not a rollout's (`/r//a/x/v1beta/…`): a 404
-_ELSEWHERE = re.compile(r"/v1(?:beta|alpha)(?:/|\Z)")
+_ELSEWHERE = re.compile(r"^/r/[^/]*/a/.*?/v1(?:beta|alpha)(?:/|\Z)", re.S)
 _MODEL = re.compile(r"^/models/(?P<model>[^/:]+)(?::(?P<method>[A-Za-z]+))?/?\Z")
 GENERATE = ("generateContent", "streamGenerateContent")
 _METHODS = [*GENERATE, "countTokens"]

@@ -36,7 +36,7 @@ def fields(obj: Any, path: str, known: dict[str, str]) -> dict[str, Any]:
         name = known.get(key)
         if name is None:
             at = f" at '{path}'" if path else ""
-            raise bad_request(f"Invalid JSON payload received. Unknown name {key!r}{at}: Cannot find field.",
+            raise bad_request(f'Invalid JSON payload received. Unknown name "{key}"{at}: Cannot find field.',
                               param=f"{path}.{key}" if path else key)
         if name in out:
             raise bad(f"{path}.{name}" if path else name, "given twice (as camelCase and as snake_case)")
