@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         ca: Path = typer.Option(None, "--ca-dir", help=_CA_HELP),
     ) -> None:
         """Route the LLM API calls of any program (api.openai.com, api.anthropic.com, Azure OpenAI,
-        OpenRouter, --hosts) into the recording proxy, with mitmproxy; the client's keys are dropped."""
+        OpenRouter, the Gemini API, --hosts) into the recording proxy, with mitmproxy; the client's keys are dropped."""
         from harnessrl.app.intercept import InterceptConfig, describe, read_hosts, start_intercept
         from harnessrl.app.run_cmd import proxy_key
 
