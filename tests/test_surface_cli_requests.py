@@ -317,3 +317,19 @@ def test_gemini_cli_calls_are_served_and_its_tool_turn_extends_the_call_before(t
     assert assistant["tool_calls"][0]["function"]["name"] == "run_shell_command"
     assert tool["role"] == "tool" and "hrl-tool-ran" in tool["content"]
     assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"]
+
+
+def test_gemini_hosted_tools_are_removed_and_recorded_or_refused_with_strict_tools(target, strict):
+    body = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 20},
+            "tools": [{"googleSearch": {}}, {"functionDeclarations": [{"name": "lookup", "parametersJsonSchema": {
+                "type": "object", "properties": {"q": {"type": "string"}}}}]}]}
+    with HarnessRL(target.url).rollout() as ro:
+        r = httpx.post(f"{target.url}/r/{ro.id}/a/g/v1beta/models/m:generateContent", json=body)
+    assert r.status_code == 200, r.text
+    (row,) = calls(target.db, ro.id)
+    assert [t["function"]["name"] for t in row.request["tools"]] == ["lookup"]
+    assert row.request["harnessrl_removed_tools"] == [{"path": "tools[0].googleSearch", "type": "googleSearch",
+                                                       "name": None}]
+    refused = httpx.post(f"{strict}/v1beta/models/m:generateContent", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert refused.json()["error"]["message"].startswith("tools[0].googleSearch: the hosted tool 'googleSearch'")
