@@ -2,7 +2,7 @@
 proxy in one run, non-streaming and streaming.
 
     python bench/proxy_overhead.py [--clients 64] [--duration 5] [--rounds 3] [--db PATH|postgresql+psycopg://...]
-                                   [--workers N]
+                                   [--workers N] [--servers uvicorn,granian] [--stages 1,64]
 
 Prints, per mode, latency p50/p99 (ms) direct and through the proxy, the added latency, and
 throughput (calls/s; for the proxy: calls durably recorded, counted in the DB afterwards) with
@@ -26,13 +26,21 @@ directory with the DB is removed at the end.
 
 Then the same load through a bare forwarder (`forwarder.py`: the proxy's server stack and
 upstream pool, nothing else): what any proxy process of this stack costs on this machine, in
-added latency, throughput and CPU, so the proxy's own work is what it costs above that.
+added latency, throughput and CPU, so the proxy's own work is what it costs above that. With
+`--servers uvicorn,granian` (the default, when granian is installed) the same forwarder also runs
+on granian in each round: the two servers side by side under the same load.
+
+Then the targets from this run's rounds (proxy CPU a recorded call ÷ the stand-in's and ÷ the
+bare forwarder's, the streaming ratio, the added p50 at 1 client, every call answered 200
+stored), and the profile of one recorded call by stage at `--stages` client counts
+(`proxy_stages.py`, against this run's stand-in): where the proxy's CPU goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import resource
 import shutil
@@ -179,6 +187,11 @@ class Round:
     px: float
     fx: float
     wal_mb: float = 0.0  # the SQLite WAL's size right after the proxied load (MB)
+    acked: int = 0  # calls the proxy answered 200
+    stored: int = 0  # calls committed meanwhile (counted in the DB)
+    g_rate: float = float("nan")  # the forwarder on granian (`--servers`): calls/s, CPU µs a call, added p50
+    gx: float = float("nan")
+    g_p50: float = float("nan")
     errors: str = ""
 
 
@@ -189,7 +202,7 @@ def wal_mb(db: str) -> float:
 
 
 def _round(db: str, upstream: int, proxy: int, fwd: int, urls: tuple[str, str, str], clients: int, duration: float,
-           stream: bool) -> Round:
+           stream: bool, granian: tuple[int, str] | None = None) -> Round:
     direct, through, bare = urls
     before = _count_calls(db)
     d_lat, d_err, d_cpu = _measured(upstream, None, direct, clients, duration, stream)
@@ -203,15 +216,67 @@ def _round(db: str, upstream: int, proxy: int, fwd: int, urls: tuple[str, str, s
                                              ((d_lat, d_cpu), (p_lat, p_cpu), (f_lat, f_cpu)))
     errors = (f"errors direct={d_err} proxy={p_err} forwarder={f_err}, 200s={len(p_lat)} recorded={recorded}"
               if d_err or p_err or f_err or recorded != len(p_lat) else "")
-    return Round(_pct(d_lat, .5), _pct(d_lat, .99), _pct(p_lat, .5), _pct(p_lat, .99), _pct(f_lat, .5),
-                 _pct(f_lat, .99), len(d_lat) / duration, recorded / elapsed, len(f_lat) / duration,
-                 cd, sd, cp, sp, px, fx, wal, errors)
+    r = Round(_pct(d_lat, .5), _pct(d_lat, .99), _pct(p_lat, .5), _pct(p_lat, .99), _pct(f_lat, .5),
+              _pct(f_lat, .99), len(d_lat) / duration, recorded / elapsed, len(f_lat) / duration,
+              cd, sd, cp, sp, px, fx, wal, len(p_lat), recorded, errors=errors)
+    if granian is not None:
+        g_lat, _, g_cpu = _measured(upstream, granian[0], granian[1], clients, duration, stream)
+        r.g_rate, r.gx, r.g_p50 = len(g_lat) / duration, g_cpu[2] / max(len(g_lat), 1) * 1e6, _pct(g_lat, .5)
+    return r
 
 
 def _median(rounds: list[Round]) -> Round:
     """Each figure's median over the rounds (the machine's noise between runs is ±10%)."""
     return Round(*(statistics.median(getattr(r, f.name) for r in rounds)
                    for f in fields(Round) if f.name != "errors"))
+
+
+def stage_profiles(upstream: str, clients: tuple[int, ...], duration: float) -> list[dict]:
+    """`proxy_stages.py`'s profile of one recorded call (non-streaming), run in a process of its own
+    against this run's stand-in, at each number of clients."""
+    out = []
+    for n in clients:
+        res = subprocess.run([sys.executable, str(ROOT / "bench" / "proxy_stages.py"), "--upstream", upstream,
+                              "--clients", str(n), "--duration", str(duration), "--json"],
+                             capture_output=True, text=True, check=True)
+        out.append(orjson.loads(res.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def stages_table(profiles: list[dict]) -> Table:
+    """The stage profiles side by side: µs a call of the proxy's event-loop thread, per stage."""
+    t = Table(title="one recorded call by stage (bench/proxy_stages.py: non-streaming chat, CPU µs a call of the "
+                    "proxy's event-loop thread, timing wrappers' cost taken out)")
+    t.add_column("stage")
+    for p in profiles:
+        t.add_column(f"{p['clients']} client(s)", justify="right")
+    for stage in profiles[0]["stages"]:
+        t.add_row(stage, *(f"{p['stages'][stage]:,.1f}" for p in profiles))
+    t.add_row("[b]event-loop thread[/b]", *(f"{p['loop_us']:,.1f}" for p in profiles))
+    t.add_row("recorder's writer thread", *(f"{p['writer_us']:,.1f}" for p in profiles))
+    return t
+
+
+def targets_table(by_mode: dict[tuple[str, int], tuple[Round, list[Round]]], clients: int) -> Table:
+    """The issue's figures from this run: proxy CPU ÷ the stand-in's and ÷ the bare forwarder's
+    (64 clients, non-streaming), streaming recorded/direct, added p50 at 1 client, calls stored."""
+    m64, rounds64 = by_mode[("non-stream", clients)]
+    s64, srounds = by_mode[("stream", clients)]
+    m1, _ = by_mode[("non-stream", 1)]
+    acked = sum(r.acked for _, rs in by_mode.values() for r in rs)
+    stored = sum(r.stored for _, rs in by_mode.values() for r in rs)
+    t = Table(title="the targets, from this run (medians of the rounds; range in brackets)")
+    for col in ("figure", "target", "this run"):
+        t.add_column(col, justify="right" if col != "figure" else "left")
+    t.add_row(f"proxy CPU ÷ stand-in CPU a recorded call, {clients} clients", "≤ 1.3",
+              _spread([r.px / r.sp for r in rounds64]))
+    t.add_row(f"proxy CPU ÷ bare forwarder CPU a call, {clients} clients", "≤ 1.1 (moonshot)",
+              _spread([r.px / r.fx for r in rounds64]))
+    t.add_row(f"streaming: recorded ÷ direct calls/s, {clients} clients", "≥ 0.7",
+              _spread([r.p_rate / r.d_rate for r in srounds]))
+    t.add_row("added p50 at 1 client, non-streaming", "≤ 0.5 ms", f"{m1.p_p50 - m1.d_p50:.2f} ms")
+    t.add_row("calls answered 200 and stored", "all", f"{stored:,} of {acked:,}")
+    return t
 
 
 def _spread(ratios: list[float]) -> str:
@@ -227,7 +292,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measurements of each mode, interleaved; medians printed")
     ap.add_argument("--db", default=None, help="records DB (default: a fresh SQLite file)")
     ap.add_argument("--workers", type=int, default=1, help="proxy processes (`harnessrl proxy --workers`)")
+    ap.add_argument("--servers", default="uvicorn,granian",
+                    help="servers the bare forwarder runs on, side by side (granian: when installed)")
+    ap.add_argument("--stages", default="1,64",
+                    help="client counts of the stage profile (bench/proxy_stages.py); '' for none")
     args = ap.parse_args()
+    servers = [s for s in args.servers.split(",") if s]
+    if "granian" in servers and importlib.util.find_spec("granian") is None:
+        servers.remove("granian")
 
     tmp = Path(tempfile.mkdtemp(prefix="hrl-bench-"))
     db = args.db or str(tmp / "bench.db")
@@ -242,13 +314,23 @@ def main() -> None:
                              env=env, stderr=subprocess.DEVNULL)
     fwd = subprocess.Popen([sys.executable, str(ROOT / "bench" / "forwarder.py"), "--upstream",
                             f"http://127.0.0.1:{up_port}", "--port", str(fw_port)], env=env)
+    gran = None
+    if "granian" in servers:
+        gr_port = free_port()
+        gran = subprocess.Popen([sys.executable, str(ROOT / "bench" / "forwarder.py"), "--upstream",
+                                 f"http://127.0.0.1:{up_port}", "--port", str(gr_port), "--server", "granian"],
+                                env=env)
     console = Console(width=230)
     try:
         wait_http(up_port, upstream, "stand-in")
         wait_ready(f"http://127.0.0.1:{px_port}", proxy)  # a worker answers (with --workers, the port listens first)
         wait_http(fw_port, fwd, "forwarder")
         direct, through, bare = (f"http://127.0.0.1:{p}" for p in (up_port, px_port, fw_port))
-        for url in (direct, through, bare):
+        granian = None
+        if gran is not None:
+            wait_http(gr_port, gran, "granian forwarder")
+            granian = (gran.pid, f"http://127.0.0.1:{gr_port}")
+        for url in (direct, through, bare, *([granian[1]] if granian else [])):
             run_load(url, 4, 1.0, False)  # warm caches and connections
         table = Table(title=f"proxy overhead (stand-in upstream, {os.cpu_count()} cores, DB "
                             f"{'SQLite' if '://' not in db else db.split(':')[0]}, {args.workers} proxy process(es))")
@@ -259,21 +341,24 @@ def main() -> None:
         floor = Table(title="the same load through a bare forwarder (bench/forwarder.py: the proxy's server and "
                             "upstream pool, no parsing or recording; one process)")
         for col in ("mode", "clients", "added p50/p99 ms", "calls/s", "ratio", "forwarder CPU µs/call",
-                    "proxy CPU µs/call", "proxy − forwarder"):
+                    "proxy CPU µs/call", "proxy − forwarder", "proxy ÷ forwarder",
+                    *(("on granian: added p50 ms", "calls/s", "ratio", "CPU µs/call") if granian else ())):
             floor.add_column(col, justify="right")
         walls: list[float] = []
+        by_mode: dict[tuple[str, int], tuple[Round, list[Round]]] = {}
         for stream in (False, True):
             for clients in (args.clients, 1):
                 mode = "stream" if stream else "non-stream"
                 rounds = []
                 for _ in range(args.rounds):
                     r = _round(db, upstream.pid, proxy.pid, fwd.pid, (direct, through, bare), clients, args.duration,
-                               stream)
+                               stream, granian)
                     rounds.append(r)
                     walls.append(r.wal_mb)
                     if r.errors:
                         console.print(f"[yellow]{mode}@{clients}: {r.errors}[/yellow]")
                 m = _median(rounds)
+                by_mode[(mode, clients)] = (m, rounds)
                 table.add_row(
                     mode, str(clients), f"{m.d_p50:.2f} / {m.d_p99:.2f}", f"{m.p_p50:.2f} / {m.p_p99:.2f}",
                     f"{m.p_p50 - m.d_p50:.2f} / {m.p_p99 - m.d_p99:.2f}", f"{m.d_rate:,.0f}", f"{m.p_rate:,.0f}",
@@ -282,14 +367,20 @@ def main() -> None:
                     *(_cpu_bound(m.cd, m.sd, m.cp, m.sp, m.px, args.workers) if clients > 1 else ("", "")))
                 floor.add_row(mode, str(clients), f"{m.f_p50 - m.d_p50:.2f} / {m.f_p99 - m.d_p99:.2f}",
                               f"{m.f_rate:,.0f}", _spread([r.f_rate / r.d_rate for r in rounds]), f"{m.fx:,.0f}",
-                              f"{m.px:,.0f}", f"{m.px - m.fx:,.0f}")
+                              f"{m.px:,.0f}", f"{m.px - m.fx:,.0f}", _spread([r.px / r.fx for r in rounds]),
+                              *((f"{m.g_p50 - m.d_p50:.2f}", f"{m.g_rate:,.0f}",
+                                 _spread([r.g_rate / r.d_rate for r in rounds]), f"{m.gx:,.0f}") if granian else ()))
         console.print(table)
         console.print(floor)
+        console.print(targets_table(by_mode, args.clients))
+        if args.stages:
+            console.print(stages_table(stage_profiles(direct, tuple(int(n) for n in args.stages.split(",")),
+                                                      args.duration)))
         if "://" not in db:  # the checkpoints keep it bounded (it grew without bound under load before)
             console.print(f"SQLite WAL when a proxied load ended: at most {max(walls):.1f} MB")
         console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")
     finally:
-        stop(proxy, fwd, upstream)
+        stop(proxy, fwd, *([gran] if gran is not None else []), upstream)
         shutil.rmtree(tmp, ignore_errors=True)  # the DB (hundreds of MB; `--db` keeps its own)
 
 

@@ -1,6 +1,7 @@
 """One recorded call's CPU, stage by stage: where the proxy's time per call goes.
 
     python bench/proxy_stages.py [--upstream URL] [--clients 1] [--duration 4] [--stream] [--json]
+                                 [--base REV [--rounds 3]]
 
 Runs the proxy in this process (the same uvicorn stack and settings as `harnessrl proxy`,
 recording into a fresh SQLite file) in front of the vLLM stand-in (started here unless
@@ -19,8 +20,10 @@ clock reads charged to it, so the stages add up to the untimed figure. The recor
 thread (WAL checkpoints; batches the loop could not commit without waiting) is measured by its
 own thread clock.
 
-A function named in `STAGES` that this checkout lacks is left out (so the same script profiles
-an earlier commit, `bench/proxy_ab.py --base`); its time then falls to the stage that calls it.
+`--base REV` profiles commit REV (checked out with `git worktree`, run as `bench/proxy_ab.py`
+runs it) and this checkout in alternating runs and prints their medians side by side: before and
+after. A function named in `STAGES` that a tree lacks is left out there; its time then falls to
+the stage that calls it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import argparse
 import functools
 import importlib
 import inspect
+import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,19 +46,20 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import free_port, standin_cmd, stop, wait_http  # noqa: E402
+from procs import ROOT, free_port, standin_cmd, stop, wait_http  # noqa: E402
+from rich.table import Table  # noqa: E402
 
-REST = "server loop, task switches, ASGI plumbing"
+# what no stage claims: the event loop, task switches, and the hot path's own code between the
+# stages (routing, headers, `serve`, `handle`, the answer's JSON encoding); not timed by a wrapper
+# of its own, since the outermost coroutines resume at every await of every call (their wrappers
+# would cost more than what they measure)
+REST = "event loop, task switches, hot-path glue (routing, headers, serve, handle, answer JSON)"
 # (stage, the functions it is made of: "module:qualified name"), in the order a call meets them
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP in and out (uvicorn protocol, response send)", (
         "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol.data_received",
         "uvicorn.protocols.http.httptools_impl:RequestResponseCycle.send",
         "starlette.responses:Response.__call__",
-    )),
-    ("hot-path glue (routing, headers, serve, handle, relay)", (
-        "harnessrl.proxy.app:ProxyApp.__call__",
-        "harnessrl.proxy.serving:Serving._relay",
     )),
     ("parse and validate", (
         "harnessrl.proxy.model_endpoints:parse_json",
@@ -296,19 +302,13 @@ def profile(upstream: str, db: str, clients: int = 1, duration: float = 4.0, str
         sock.close()
     # what the wrappers cost, spread over the stages by the clock reads charged to each
     per_lap = max(0.0, (timed - plain) * timed_calls * 1e3 / max(sum(laps.values()), 1))
-    stages = {s: (acc.get(s, 0) - per_lap * laps.get(s, 0)) / timed_calls / 1e3 for s in [*_names(stream), REST]}
+    stages = {s: (acc.get(s, 0) - per_lap * laps.get(s, 0)) / timed_calls / 1e3 for s in [*(s for s, _ in STAGES), REST]}
     return {"clients": clients, "stream": stream, "calls": calls, "loop_us": plain, "writer_us": plain_writer,
             "timed_loop_us": timed, "per_lap_ns": per_lap, "stages": stages, "missing": missing}
 
 
-def _names(stream: bool) -> list[str]:
-    return [s for s, _ in STAGES]
-
-
-def table(res: dict, title: str = "one recorded call by stage"):
+def table(res: dict, title: str = "one recorded call by stage") -> Table:
     """A rich table of `profile`'s result: each stage's µs per call and share of the loop thread."""
-    from rich.table import Table
-
     mode = "streaming" if res["stream"] else "non-streaming"
     t = Table(title=f"{title}: {mode} chat, {res['clients']} client(s), {res['calls']:,} calls; CPU µs a call of the "
                     "proxy's event-loop thread")
@@ -324,16 +324,61 @@ def table(res: dict, title: str = "one recorded call by stage"):
     return t
 
 
+def _child(upstream: str, clients: int, duration: float, pythonpath: str | None) -> dict:
+    """`profile` in a fresh process (of the tree on `pythonpath`, else this checkout's)."""
+    env = {**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+    out = subprocess.run([sys.executable, __file__, "--upstream", upstream, "--clients", str(clients), "--duration",
+                          str(duration), "--json"], env=env, capture_output=True, text=True, check=True,
+                         cwd=tempfile.gettempdir())
+    return orjson.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(base: str, upstream: str, clients: int, duration: float, rounds: int, tmp: Path) -> Table:
+    """The stages of commit `base` (checked out with `git worktree`, run as `proxy_ab.py` runs it)
+    and of this checkout, in alternating rounds; the medians side by side."""
+    from proxy_ab import package_tree
+
+    worktree = tmp / "base"
+    got = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), base],
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        raise SystemExit(f"cannot check out {base!r}: {got.stderr.strip().splitlines()[-1]}")
+    try:
+        shim = str(package_tree(worktree, tmp / "base-pkg"))
+        runs: dict[str, list[dict]] = {"before": [], "after": []}
+        for i in range(rounds):
+            for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
+                runs[side].append(_child(upstream, clients, duration, shim if side == "before" else None))
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+    t = Table(title=f"one recorded call by stage, {base} (before) and this checkout (after): non-streaming chat, "
+                    f"{clients} client(s), medians of {rounds} alternating runs; CPU µs a call of the event-loop thread")
+    for col in ("stage", "before", "after", "after − before"):
+        t.add_column(col, justify="right" if col != "stage" else "left")
+    rows = [*runs["after"][0]["stages"], "event-loop thread", "recorder's writer thread"]
+    for stage in rows:
+        key = {"event-loop thread": "loop_us", "recorder's writer thread": "writer_us"}.get(stage)
+        b, a = (statistics.median(r[key] if key else r["stages"].get(stage, 0.0) for r in runs[side])
+                for side in ("before", "after"))
+        t.add_row(stage, f"{b:,.1f}", f"{a:,.1f}", f"{a - b:+,.1f}")
+    return t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", default=None, help="a running vLLM stand-in (default: start one)")
     ap.add_argument("--clients", type=int, default=1)
     ap.add_argument("--duration", type=float, default=4.0, help="seconds of load, untimed and timed each")
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--base", default=None, help="also profile this earlier commit, in alternating runs")
+    ap.add_argument("--rounds", type=int, default=3, help="with --base: runs of each side")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (for proxy_overhead.py)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hrl-stages-"))
     standin = None
+    from rich.console import Console
+
+    console = Console(width=160)
     try:
         upstream = args.upstream
         if upstream is None:
@@ -344,6 +389,10 @@ def main() -> None:
             standin = subprocess.Popen(standin_cmd(tmp / "tok", port))
             wait_http(port, standin, "stand-in")
             upstream = f"http://127.0.0.1:{port}"
+        if args.base is not None:
+            console.print(compare(args.base, upstream, args.clients, args.duration, args.rounds, tmp))
+            console.print(f"load average: {os.getloadavg()[0]:.1f} (other processes share these cores)")
+            return
         res = profile(upstream, str(tmp / "stages.db"), args.clients, args.duration, args.stream)
     finally:
         if standin is not None:
@@ -352,9 +401,6 @@ def main() -> None:
     if args.json:
         print(orjson.dumps(res).decode())
         return
-    from rich.console import Console
-
-    console = Console(width=160)
     console.print(table(res))
     if res["missing"]:
         console.print(f"not in this checkout (their time counts in the caller's stage): {', '.join(res['missing'])}")
