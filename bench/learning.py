@@ -63,6 +63,7 @@ from pathlib import Path
 from harnessrl.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import learning_families as families  # noqa: E402
 from learning_report import PARTS, report  # noqa: E402
 
 
@@ -80,7 +81,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="re-render the table, verdicts and plot from --out/results.json without training")
     ap.add_argument("--algos", default="grpo,capo,matpo,pact")
     ap.add_argument("--seeds", default="0,1,2,3,4,5")
-    ap.add_argument("--delegate", action="store_true", help="planner → worker variant of the task family")
+    ap.add_argument("--family", choices=families.FAMILIES, default="toolbox",
+                    help="task family (bench/learning_families.py): toolbox, or the one where a paper's effect can "
+                         "show: capo-multihop, matpo-delegate, pact-sparse")
+    ap.add_argument("--eval-on", choices=("validation", "held-out"), default="held-out",
+                    help="what is evaluated: the held-out tasks, or the validation split (the training side's "
+                         "tasks RL does not train on) for choosing a tuning grid's point")
+    ap.add_argument("--single-agent", default="grpo",
+                    help="matpo-delegate: the algorithms run as one agent on the same tasks (the paper's baseline)")
+    ap.add_argument("--delegate", action="store_true", help="planner → worker variant of the toolbox family")
     ap.add_argument("--prompt", choices=("compact", "full"), default="compact",
                     help="the toolbox prompt: compact (short system text, tool schemas of a name and a parameter: "
                          "210 tokens) or full (with descriptions: 341)")
@@ -95,9 +104,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--confuse", default="color:size,size:owner,owner:city,city:color",
                     help="the warm start's expert mixes up these tools, asked:called pairs (none: a faithful expert)")
-    ap.add_argument("--expert-traces", type=int, default=5, help="expert lines per training task")
-    ap.add_argument("--expert-right", type=int, default=2,
-                    help="of them, how many call the right tool where the expert confuses it")
+    ap.add_argument("--expert-traces", type=int, default=None,
+                    help="expert lines per training task (default: the family's, 5; two-hop families 7)")
+    ap.add_argument("--expert-right", default=None,
+                    help="of them, how many call the right tool where the expert confuses it (default: the family's: "
+                         "toolbox 2, pact-sparse 0; two-hop families per hop, relation,attribute: 3,5)")
     ap.add_argument("--copy-drill", type=int, default=1,
                     help="times the copy drill (find(item) over every item, two phrasings) is in the warm start's data")
     ap.add_argument("--sft-items", type=int, default=32,
@@ -121,6 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=2,
                     help="seeds trained at once, each in its own process with the cores split between them")
     args = ap.parse_args(argv)
+    families.fill_defaults(args)
     if args.steps is None:
         args.steps = max(1, args.group_size * args.train_tasks // args.batch_size)
     return args
@@ -194,7 +206,6 @@ def _train(args: argparse.Namespace) -> None:
     """Warm starts and loops; writes --out/results.json."""
     from harnessrl.app.loop import run_loop
     from harnessrl.app.loop_config import LoopConfig
-    from harnessrl.harness_examples.toolbox import tasks as toolbox
     from harnessrl.trainer.sft import SftConfig, sft
 
     console = Console()
@@ -203,38 +214,47 @@ def _train(args: argparse.Namespace) -> None:
     t_all = time.perf_counter()
     base = _base_model(args)
     console.print(f"base model ready in {time.perf_counter() - t_all:.0f} s")
-    harness = "toolbox_delegate" if args.delegate else "toolbox"
+    harness = ""
     algos, seeds = args.algos.split(","), [int(s) for s in args.seeds.split(",")]
     runs: dict[str, list[dict]] = {a: [] for a in algos}
 
     n_eval = 0
     for seed in seeds:
-        train, held = toolbox.generate(seed, args.delegate, compact=args.prompt == "compact")
-        n_eval = len(held)
-        rows = warm_start_rows(sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed), args)
-        # the loop reads its tasks from this file (RL's subset, the prompt), held-out tasks last
-        tasks_file = toolbox.write(rl_tasks(train, args.train_tasks) + held, out / f"tasks-{seed}.jsonl")
-        train_file = out / f"sft-{seed}.jsonl"
-        train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        t = time.perf_counter()
-        warm = _warm_start(out / f"warm-{seed}", SftConfig(tasks=str(train_file), model=base, out="",
-                                                          steps=args.sft_steps, lr=args.sft_lr, seed=seed), sft)
-        console.print(f"seed {seed}: warm start ({args.sft_steps} SFT steps) in {time.perf_counter() - t:.0f} s")
+        sides = {False: _setup(args, seed, False)}
+        if args.family == "matpo-delegate" and set(algos) & set(args.single_agent.split(",")):
+            sides[True] = _setup(args, seed, True)
+        harness = sides[False][0].harness  # the family's (the single-agent side's is named per run)
+        for single, (fam, tasks_file, eval_tasks) in sides.items():
+            n_eval = len(eval_tasks)
+            rows_file = out / f"sft-{seed}{'-single' * single}.jsonl"
+            rows_file.write_text("".join(json.dumps(r) + "\n" for r in fam.rows))
+            t = time.perf_counter()
+            warm = _warm_start(out / f"warm-{seed}{'-single' * single}",
+                               SftConfig(tasks=str(rows_file), model=base, out="", steps=args.sft_steps,
+                                         lr=args.sft_lr, seed=seed), sft)
+            sides[single] = (fam, tasks_file, eval_tasks, warm)
+            console.print(f"seed {seed}: warm start{' (single agent)' * single} ({args.sft_steps} SFT steps) in "
+                          f"{time.perf_counter() - t:.0f} s")
         for algo in algos:
+            single = algo in args.single_agent.split(",") and True in sides
+            fam, tasks_file, eval_tasks, warm = sides[single]
             t = time.perf_counter()
             shutil.rmtree(out / f"{algo}-{seed}", ignore_errors=True)
             train_config = _train_options(out / f"train-{algo}.yaml", algo, args)
-            state = run_loop(LoopConfig(harness=harness, algo=algo, rounds=args.rounds, group=args.group_size,
+            n_rl = min(args.train_tasks, len(fam.train))
+            state = run_loop(LoopConfig(harness=fam.harness, algo=algo, rounds=args.rounds, group=args.group_size,
                                         model=str(warm), out=out / f"{algo}-{seed}", steps=args.steps,
                                         batch_size=args.batch_size, lr=args.lr, temperature=args.temperature,
                                         seed=seed, train_config=train_config, tasks=tasks_file,
-                                        eval_fraction=len(held) / (min(args.train_tasks, len(train)) + len(held))),
+                                        eval_fraction=len(eval_tasks) / (n_rl + len(eval_tasks))),
                              Console(quiet=True))
             last = state.rounds[-1]
             runs[algo].append({"seed": seed, "before": state.initial_eval, "after": last["eval_success"],
                                "validity_before": state.initial_validity, "validity_after": last["eval_validity"],
                                "curve": [r["eval_success"] for r in state.rounds],
                                "train": [r["train_success"] for r in state.rounds],
+                               "group_success": [r.get("group_success") for r in state.rounds],
+                               "harness": fam.harness, "eval_on": args.eval_on,
                                "seconds": time.perf_counter() - t,
                                "parts_before": {k: state.initial_metrics[k] for k in PARTS},
                                "parts_after": {k: last["eval_metrics"][k] for k in PARTS}})
@@ -243,6 +263,25 @@ def _train(args: argparse.Namespace) -> None:
     _write_results(out / "results.json", {"args": _settings(args), "harness": harness, "n_eval": n_eval,
                                           "wall_s": time.perf_counter() - t_all, "runs": runs})
     console.print(f"trained in {time.perf_counter() - t_all:.0f} s")
+
+
+def _setup(args: argparse.Namespace, seed: int, single: bool) -> tuple:
+    """The family's tasks and warm-start lines for `seed`, and the loop's tasks file: RL's tasks
+    (`rl_tasks`), then the evaluated ones (held-out, or the validation split: `--eval-on`)."""
+    if args.family == "toolbox":
+        from harnessrl.harness_examples.toolbox import tasks as toolbox
+
+        train, held = toolbox.generate(seed, args.delegate, compact=args.prompt == "compact")
+        rows = warm_start_rows(sft_share(train, args.sft_items, args.sft_others == "one"), toolbox.world(seed), args)
+        name = "toolbox_delegate" if args.delegate else "toolbox"
+        fam = families.Setup(train, held, rows, toolbox.write, name)
+    else:
+        fam = families.setup(args, seed, single, lambda train: sft_share(train, args.sft_items,
+                                                                         args.sft_others == "one"))
+    rl = rl_tasks(fam.train, args.train_tasks)
+    eval_tasks = fam.held if args.eval_on == "held-out" else families.validation(fam.train, rl)
+    # the loop reads its tasks from this file (RL's subset, the prompt), the evaluated tasks last
+    return fam, fam.write(rl + eval_tasks, args.out / f"tasks-{seed}{'-single' * single}.jsonl"), eval_tasks
 
 
 def _write_results(path: Path, results: dict) -> None:
@@ -286,7 +325,8 @@ def warm_start_rows(tasks: list, table: dict, args: argparse.Namespace) -> list[
     from harnessrl.harness_examples.toolbox import tasks as toolbox
 
     try:
-        rows = toolbox.inconsistent_expert(tasks, table, confusions(args.confuse), args.expert_traces, args.expert_right)
+        rows = toolbox.inconsistent_expert(tasks, table, confusions(args.confuse), args.expert_traces,
+                                           int(args.expert_right))
     except ValueError as exc:
         raise SystemExit(f"--confuse/--expert-traces/--expert-right: {exc}") from None
     # the drill's prompt as short as the tasks' (the same schema shape, fewer tokens per step)

@@ -147,6 +147,27 @@ def tasks_coding(
                     soft_wrap=True)
 
 
+@compiler_cli.tasks_app.command("family")
+def tasks_family(
+    name: str = typer.Argument(..., help="multihop | noisy_delegate | noisy_single | toolbox_sparse | toolbox | "
+                               "toolbox_delegate (docs/benchmarks.md › Learning, Task families)"),
+    out: Path = typer.Option(..., "--out", help="Folder for NAME.jsonl (64 training tasks, then 64 held-out)."),
+    seed: int = typer.Option(0, "--seed", help="Seed: the world and the split (the same seed writes the same tasks)."),
+) -> None:
+    """Write a learning-benchmark task family's tasks (each with its expert trace) for `loop --tasks` and
+    `tasks import`."""
+    from harnessrl.app.harnesses import HARNESSES, TaskSource
+
+    families = ("multihop", "noisy_delegate", "noisy_single", "toolbox_sparse", "toolbox", "toolbox_delegate")
+    if name not in families:
+        raise UserError(f"unknown task family {name!r}: use {' | '.join(families)}")
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = HARNESSES[name].load(TaskSource(None, None, out, 0, 0.5, seed))
+    path = loaded.tasks_file.rename(out / f"{name}.jsonl")
+    Console().print(f"{len(loaded.train)} training and {len(loaded.eval)} held-out {name} tasks in [bold]{path}[/bold] "
+                    f"(loop: --harness {name} --seed {seed}, or --tasks {path} --eval-fraction 0.5)", soft_wrap=True)
+
+
 def _viewer(db: str, tokenizer: str | None, api_key: str | None):
     """The trace viewer the proxy serves live at /ui/ (the proxy itself imports no other part),
     behind the proxy's key."""

@@ -99,6 +99,42 @@ def _toolbox(delegate: bool) -> Callable[[TaskSource], HarnessTasks]:
     return load
 
 
+def _family(name: str) -> Callable[[TaskSource], HarnessTasks]:
+    """The learning benchmark's task families (docs/benchmarks.md › Learning, Task families): 64
+    training and 64 held-out tasks of the seed's world, a fresh world per training round, as
+    `toolbox`'s (`--tasks` reads a written file, split by `--eval-fraction`)."""
+    def load(src: TaskSource) -> HarnessTasks:
+        from harnessrl.harness_examples.toolbox import multihop, noisy_delegate, sparse
+        from harnessrl.harness_examples.toolbox import harness as toolbox
+        from harnessrl.harness_examples.toolbox import tasks as toolbox_tasks
+
+        module, generate, run_one, worlds = {
+            "multihop": (multihop, multihop.generate, lambda url, table, task, t, **kw: multihop.run_rollout(
+                url, table, task, multihop.MultihopConfig(temperature=t), **kw), multihop),
+            "noisy_delegate": (noisy_delegate, lambda seed: noisy_delegate.generate(seed, True),
+                               lambda url, table, task, t, **kw: noisy_delegate.run_rollout(
+                                   url, table, task, noisy_delegate.NoisyConfig(temperature=t), **kw), multihop),
+            "noisy_single": (noisy_delegate, lambda seed: noisy_delegate.generate(seed, False),
+                             lambda url, table, task, t, **kw: noisy_delegate.run_rollout(
+                                 url, table, task, noisy_delegate.NoisyConfig(temperature=t), **kw), multihop),
+            "toolbox_sparse": (toolbox_tasks, sparse.generate, lambda url, table, task, t, **kw: toolbox.run_rollout(
+                url, table, task, toolbox.ToolboxConfig(temperature=t), **kw), toolbox_tasks)}[name]
+        if src.tasks:
+            train, held = split_tasks(module.read(src.tasks), src.eval_fraction)
+        else:
+            train, held = generate(src.seed)
+        held_out, eval_ids = worlds.world(src.seed), {t.id for t in held}
+
+        def run(url, task, group_id, run_tag, temperature):
+            table = held_out if task.id in eval_ids or run_tag.startswith("eval") else \
+                worlds.training_world(src.seed, run_tag)
+            return run_one(url, table, task, temperature, group_id=group_id, run=run_tag)
+
+        return HarnessTasks(train, held, run, lambda t: t.id, module.write(train + held, src.out / "tasks.jsonl"))
+
+    return load
+
+
 def _search(name: str) -> Callable[[TaskSource], HarnessTasks]:
     """A harness over the fictional-world (or a real) search corpus."""
     def load(src: TaskSource) -> HarnessTasks:
@@ -144,6 +180,14 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (
     Harness("toolbox", "pick one of four attribute tools and fill its argument (the learning benchmark)",
             _toolbox(False)),
     Harness("toolbox_delegate", "toolbox behind a planner that must ask a worker (MATPO-style)", _toolbox(True)),
+    Harness("multihop", "two hops, relation tool then attribute tool on its result (the CAPO family)",
+            _family("multihop")),
+    Harness("noisy_delegate", "two hops delegated to workers whose tool outputs are long and noisy (the MATPO "
+            "family)", _family("noisy_delegate")),
+    Harness("noisy_single", "noisy_delegate's tasks for one agent with the tools (MATPO's single-agent baseline)",
+            _family("noisy_single")),
+    Harness("toolbox_sparse", "toolbox tasks for a warm start that almost never succeeds (the PACT family)",
+            _family("toolbox_sparse")),
     Harness("react", "ReAct loop with search and calculator tools", _search("react")),
     Harness("planner_worker", "planner dispatching search workers (MATPO-style)",
             _search("planner_worker")),

@@ -66,6 +66,7 @@ class RoundRow:
     eval_validity: float = 0.0  # tool-call validity on the held-out tasks
     eval_metrics: dict[str, float] = field(default_factory=dict)  # means of the harness's metrics, held out
     failed: int = 0  # training rollouts that failed (crash, timeout, lost node): in no mean, never a 0 reward
+    group_success: float = 0.0  # training groups (tasks) with at least one success: those an outcome reward can rank
 
 
 @dataclass
@@ -102,6 +103,14 @@ def _summary(results: list[Any]) -> tuple[float, float, float]:
     calls = sum(r.metrics.get("tool_calls", 0) for r in results)
     errors = sum(r.metrics.get("tool_errors", 0) for r in results)
     return reward, success, (calls - errors) / calls if calls else 0.0
+
+
+def _group_success(results: list[Any]) -> float:
+    """The fraction of the round's groups (one per training task) with at least one success."""
+    groups: dict[str, bool] = {}
+    for r in results:
+        groups[r.task_id] = groups.get(r.task_id, False) or r.metrics.get("success", 0.0) > 0
+    return sum(groups.values()) / len(groups) if groups else 0.0
 
 
 def _means(results: list[Any]) -> dict[str, float]:
@@ -217,7 +226,8 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
             _, held_success, held_validity = _summary(held)
             row = RoundRow(r, reward, success, validity, held_success, int(totals.get("tokens_recorded", 0)),
                            int(totals.get("samples", 0)), time.perf_counter() - started, version,
-                           str(result.checkpoint), held_validity, _means(held), sum(1 for x in results if x.error))
+                           str(result.checkpoint), held_validity, _means(held), sum(1 for x in results if x.error),
+                           _group_success(results))
             state.rounds.append(asdict(row))
             state.model = str(result.checkpoint)
             state.save(state_path)

@@ -1,0 +1,157 @@
+"""The learning benchmark's task families (bench/learning_families.py, harness_examples/toolbox/
+multihop.py, noisy_delegate.py, sparse.py): deterministic by seed, every task solved by its
+expert's trace run against the real tools, answers checkable, the warm start's mixes as stated,
+the validation split disjoint, the loop's group-success fraction."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from harnessrl.harness_examples.toolbox import multihop, noisy_delegate, sparse
+from harnessrl.harness_examples.toolbox import tasks as toolbox
+
+pytestmark = pytest.mark.unit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import learning  # noqa: E402
+import learning_families as families  # noqa: E402
+
+
+def _calls(trace: list[dict]) -> list[tuple[str, dict, str]]:
+    """(name, arguments, the tool message after it) of each call in an expert trace."""
+    out = []
+    for k, m in enumerate(trace):
+        for c in m.get("tool_calls") or []:
+            out.append((c["function"]["name"], json.loads(c["function"]["arguments"]), trace[k + 1]["content"]))
+    return out
+
+
+def _replay(trace: list[dict], fns: dict) -> list[str]:
+    """Each call of the trace run against the real tools; the results."""
+    return [fns[name](**args) for name, args, _ in _calls(trace)]
+
+
+def test_multihop_is_deterministic_by_seed_and_splits_every_item_two_and_two():
+    a, b, c = multihop.generate(3), multihop.generate(3), multihop.generate(4)
+    assert a == b and a != c
+    train, held = a
+    assert len(train) == len(held) == 64 and not {t.id for t in train} & {t.id for t in held}
+    for item in toolbox.ITEMS:
+        assert sum(t.item == item for t in train) == sum(t.item == item for t in held) == 2
+
+
+def test_multihop_expert_solves_every_task_through_the_tools_and_the_answer_is_the_worlds():
+    table = multihop.world(0)
+    train, held = multihop.generate(0)
+    for t in train + held:
+        row = t.row()
+        results = _replay(row["expert_trace"], multihop.tools(table, []))
+        assert results[0] == t.person == table[(t.item, t.relation)]
+        assert results[-1] == row["reference"] == t.value == table[(t.person, t.attribute)]
+        # the second call's argument is the first call's result: the hops interfere
+        assert _calls(row["expert_trace"])[1][1] == {"person": results[0]}
+
+
+def test_multihop_tools_refuse_the_wrong_kind_of_name_so_dispatch_ok_scores_each_decision():
+    tried: list = []
+    fns = multihop.tools(multihop.world(0), tried)
+    for name, args in (("get_city", {"item": "river"}), ("get_city", {"person": "river"}),
+                       ("get_owner", {"item": "alice"}), ("get_owner", {"person": "river"})):
+        with pytest.raises(ValueError):
+            fns[name](**args)
+
+
+def test_multihop_inconsistent_expert_mixes_each_hop_as_stated():
+    """Defaults 3 and 5 of 7: relation right on lines 0-2, attribute on lines 1-5, both on 1-2."""
+    table = multihop.world(0)
+    task = multihop.generate(0)[0][0]
+    rows = multihop.inconsistent_expert([task], table)
+    calls = [_calls(r["expert_trace"]) for r in rows]
+    relation_right = [c[0][0] == f"get_{task.relation}" for c in calls]
+    attribute_right = [c[1][0] == f"get_{task.attribute}" for c in calls]
+    assert relation_right == [True] * 3 + [False] * 4
+    assert attribute_right == [False] + [True] * 5 + [False]
+    assert sum(r["expert_trace"][-1]["content"] == task.value for r in rows) >= 2
+    for r in rows:  # every line a real episode of the world
+        assert _replay(r["expert_trace"], multihop.tools(table, [])) == [m for _, _, m in _calls(r["expert_trace"])]
+    with pytest.raises(ValueError):
+        multihop.inconsistent_expert([task], table, traces=2, right=(3, 1))
+
+
+def test_noisy_outputs_hold_the_true_row_among_distractors_and_the_expert_reads_it():
+    table = multihop.world(0)
+    for delegate in (False, True):
+        train, held = noisy_delegate.generate(0, delegate)
+        assert (train, held) == noisy_delegate.generate(0, delegate)
+        for t in train[:8] + held[:8]:
+            expert, workers = t.episode(table, noisy_delegate.NOISE, random.Random(0))
+            if not delegate:
+                calls = _calls(expert)
+                rows = calls[0][2].splitlines()
+                assert len(rows) == noisy_delegate.NOISE + 1 and f"{t.item}: {t.hop.person}" in rows
+                assert f"{t.hop.person}: {t.hop.value}" in calls[1][2].splitlines()
+                assert expert[-1] == {"role": "assistant", "content": t.hop.value}
+            else:
+                assert [c[2] for c in _calls(expert)] == [t.hop.person, t.hop.value]
+                for w in workers:  # each worker's reply is its noisy output's row for the asked name
+                    (name, args, output), = _calls(w["expert_trace"])
+                    asked = next(iter(args.values()))
+                    assert f"{asked}: {w['expert_trace'][-1]['content']}" in output.splitlines()
+                    assert w["expert_trace"][-1]["content"] == w["reference"]
+
+
+def test_noisy_tasks_round_trip_through_their_file(tmp_path):
+    train, held = noisy_delegate.generate(1, True)
+    assert noisy_delegate.read(noisy_delegate.write(train + held, tmp_path / "t.jsonl")) == train + held
+    rows = noisy_delegate.inconsistent_expert(train[:1], multihop.world(1))
+    assert len(rows) == 7 * 3  # the planner's line and its two workers' per expert line
+
+
+def test_sparse_warm_start_never_calls_the_right_tool():
+    train, _ = sparse.generate(0)
+    rows = [r for r in sparse.warm_start_rows(train, 0) if r["meta"]["harness"] == "toolbox"]
+    assert len(rows) == 5 * len(train)
+    assert not any(_calls(r["expert_trace"])[0][0] == f"get_{r['meta']['attribute']}" for r in rows)
+    # the tasks file's expert trace (PACT's privileged signal) is the right call
+    row = train[0].row()
+    assert _calls(row["expert_trace"])[0][0] == f"get_{train[0].attribute}"
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_validation_split_is_disjoint_from_rl_and_held_out(family, tmp_path):
+    args = learning.parse_args(["--family", family, "--out", str(tmp_path), "--eval-on", "validation",
+                                "--train-tasks", "16"])
+    fam, tasks_file, evals = learning._setup(args, 0, False)
+    rl = learning.rl_tasks(fam.train, 16)
+    assert len(evals) == 48 and not {t.id for t in evals} & ({t.id for t in rl} | {t.id for t in fam.held})
+    ids = [json.loads(line)["id"] for line in tasks_file.read_text().splitlines()]
+    assert ids == [t.id for t in rl + evals]
+    with pytest.raises(SystemExit):
+        families.validation(fam.train, fam.train)
+
+
+def test_family_defaults_of_the_expert_mix(tmp_path):
+    assert (learning.parse_args([]).expert_traces, learning.parse_args([]).expert_right) == (5, "2")
+    sparse_args = learning.parse_args(["--family", "pact-sparse"])
+    assert (sparse_args.expert_traces, sparse_args.expert_right) == (5, "0")
+    hop = learning.parse_args(["--family", "capo-multihop", "--expert-right", "1,6"])
+    assert (hop.expert_traces, families.hop_right(hop)) == (7, (1, 6))
+    with pytest.raises(SystemExit):
+        families.hop_right(learning.parse_args(["--family", "capo-multihop", "--expert-right", "2"]))
+
+
+def test_group_success_counts_groups_with_a_success():
+    from harnessrl.app.loop import _group_success
+    from harnessrl.harness_examples.chat import RolloutResult
+
+    def r(task, ok):
+        return RolloutResult("", task, float(ok), metrics={"success": float(ok)})
+
+    results = [r("a", 0), r("a", 1), r("b", 0), r("b", 0), r("c", 0), r("d", 1), r("d", 1),
+               RolloutResult("", "e", 0.0, error="crashed")]
+    assert _group_success(results) == 2 / 5
