@@ -155,3 +155,29 @@ def test_group_success_counts_groups_with_a_success():
     results = [r("a", 0), r("a", 1), r("b", 0), r("b", 0), r("c", 0), r("d", 1), r("d", 1),
                RolloutResult("", "e", 0.0, error="crashed")]
     assert _group_success(results) == 2 / 5
+
+
+@pytest.mark.parametrize("name,agent", [("multihop", "agent"), ("noisy_delegate", "planner"),
+                                        ("noisy_single", "agent"), ("toolbox_sparse", "agent")])
+def test_family_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent):
+    """Each family's harness from the registry runs one rollout through a real proxy with the tiny
+    model: the split is 64/64, the reward recorded is the result's outcome."""
+    from sqlalchemy import select
+
+    from harnessrl.app.harnesses import TaskSource, load_harness
+    from harnessrl.db import open_db
+    from harnessrl.proxy.server import ProxyConfig, run_proxy
+    from harnessrl.records import Call, Reward, Rollout
+
+    h = load_harness(name, TaskSource(None, None, tmp_path, 0, 0.5, 0))
+    assert (len(h.train), len(h.eval)) == (64, 64) and h.tasks_file.is_file()
+    db = str(tmp_path / "runs.db")
+    with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0)) as proxy:
+        result = h.run(proxy.url, h.train[0], "g", "round-0", 0.0)
+    assert result.task_id == h.train[0].id and result.outcome in (0.0, 1.0)
+    _, Session = open_db(db)
+    with Session() as s:
+        rollout = s.scalars(select(Rollout).where(Rollout.run == "round-0")).one()
+        calls = s.scalars(select(Call).where(Call.rollout_id == rollout.id).order_by(Call.seq)).all()
+        assert calls and calls[0].agent == agent
+        assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == result.outcome
