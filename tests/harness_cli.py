@@ -251,15 +251,12 @@ def check_calls(session: dict, mode: str, min_calls: int = 2, tool: bool = True)
 def check_merged(session: dict, mode: str) -> None:
     """The call that carries the tool's output extends the call that asked for the tool: its
     prompt is that call's exact ids plus the new messages (one sequence for training). A side call
-    that reads the conversation under a system prompt of its own (Kilo's title generator) is
-    another session: only calls that begin as an earlier call without the output began count."""
+    that offers no tools where the agent's calls do (Kilo's title generator, reading the
+    conversation) is another session, not that call."""
     got = calls(session, mode)
-
-    def carries(c) -> bool:
-        return "hrl-tool-ran" in json.dumps(c.request["messages"])
-
-    heads = {json.dumps(c.request["messages"][0]) for c in got if not carries(c)}
-    after_tool = [c for c in got if carries(c) and json.dumps(c.request["messages"][0]) in heads]
+    agent_has_tools = any(c.request.get("tools") for c in got)
+    after_tool = [c for c in got if "hrl-tool-ran" in json.dumps(c.request["messages"])
+                  and (c.request.get("tools") or not agent_has_tools)]
     paths = [(c.seq, c.prompt_path, c.prefix_call_id is not None) for c in got]
     assert after_tool and all(c.prompt_path == "prefix" and c.prefix_call_id for c in after_tool), paths
 
