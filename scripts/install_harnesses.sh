@@ -37,8 +37,8 @@ done < harnesses.lock
 if [ ${#npm_specs[@]} -gt 0 ]; then
   if ! command -v npm >/dev/null; then
     for n in "${npm_names[@]}"; do echo "$n: npm (Node.js) is not installed" >> "$unavailable"; done
-  # npm 11 skips the packages' install scripts unless allowed: these three CLIs run without them
-  # (their platform binary comes as an optional dependency), so none is allowed.
+  # npm 11 skips the packages' install scripts unless allowed: these CLIs run without them (their
+  # platform binary comes as an optional dependency, or they are plain JavaScript), so none is allowed.
   elif npm install --prefix "$npm_prefix" --no-audit --no-fund --loglevel=error "${npm_specs[@]}"; then
     echo "installed in $npm_prefix: ${npm_specs[*]}"
   else
