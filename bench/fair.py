@@ -22,8 +22,8 @@ one seed, one torch thread; `--jobs` of them at once):
 Every finished run is a line of the ledger (`--ledger`, committed to the repository: a benchmark
 that takes longer than a working session is run in chunks, and a line is never trained again).
 Settings that change what a run means (`--rounds`, `--group-size`, …, passed through after `--`)
-are part of each line's key, and so is a fingerprint of the task families' code (bench/learning.py
-and harness_examples/toolbox/): change a family and its runs are run again."""
+are part of each line's key, and so is a fingerprint of the task families' code (bench/learning.py,
+bench/learning_families.py, harness_examples/toolbox/): change a family and its runs are run again."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def _tasks_code() -> str:
     """A fingerprint of what makes the task families and their warm starts: a run made before
     they changed is not this benchmark's run (the trainer and the loop may change and keep it)."""
     root = BENCH.parent
-    files = [BENCH / "learning.py", *sorted((root / "harness_examples" / "toolbox").glob("*.py"))]
+    files = [BENCH / "learning.py", *sorted(BENCH.glob("learning_families*.py")),
+             *sorted((root / "harness_examples" / "toolbox").glob("*.py"))]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
 
 
