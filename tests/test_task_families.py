@@ -66,6 +66,20 @@ def test_multihop_tools_refuse_the_wrong_kind_of_name_so_dispatch_ok_scores_each
             fns[name](**args)
 
 
+def test_multihop_decision_reward_credits_each_decision_given_what_the_first_found():
+    t = multihop.HopTask("x", "river", "maker", "pet", "carol", "dog")
+    right = multihop.decision_right
+    assert right(t, "get_maker", {"item": "river"}, None) == 1.0
+    assert right(t, "get_owner", {"item": "river"}, None) == 0.0  # wrong action
+    assert right(t, "get_maker", {"item": "rivet"}, None) == 0.0  # wrong args
+    # the second decision: right attribute of the person the first call found, even a wrong one
+    assert right(t, "get_pet", {"person": "dave"}, "dave") == 1.0
+    assert right(t, "get_pet", {"person": "carol"}, "dave") == 0.0  # not what the episode found
+    assert right(t, "get_city", {"person": "dave"}, "dave") == 0.0
+    assert right(t, "get_pet", {"person": "dave"}, None) == 0.0  # no first hop ran
+    assert right(t, "get_pet", None, "dave") == 0.0
+
+
 def test_multihop_inconsistent_expert_mixes_each_hop_as_stated():
     """Defaults 3 and 5 of 7: relation right on lines 0-2, attribute on lines 1-5, both on 1-2."""
     table = multihop.world(0)
@@ -180,4 +194,9 @@ def test_family_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent)
         rollout = s.scalars(select(Rollout).where(Rollout.run == "round-0")).one()
         calls = s.scalars(select(Call).where(Call.rollout_id == rollout.id).order_by(Call.seq)).all()
         assert calls and calls[0].agent == agent
-        assert s.scalars(select(Reward.value).where(Reward.rollout_id == rollout.id)).one() == result.outcome
+        rewards = s.scalars(select(Reward).where(Reward.rollout_id == rollout.id)).all()
+        assert [r.value for r in rewards if r.kind == "outcome"] == [result.outcome]
+        # multihop: one decision reward per call that made a tool call, on that call
+        decisions = [r for r in rewards if r.kind == "process"]
+        assert all(r.name == "decision" and r.call_id in {c.id for c in calls} for r in decisions)
+        assert len(decisions) == (result.metrics["tool_calls"] if name == "multihop" else 0)

@@ -8,9 +8,12 @@ or `get_pet(person)`. "What is the pet of the maker of the river?" is right only
 `get_maker(river)` then `get_pet(<its result>)`: the second call's argument is the first call's
 result, so a wrong first tool sends the second call to the wrong person (the action and args
 interfere across decisions), and the episode ends at the first hop-2 call that runs, its result
-being the answer. Item tools refuse a person and person tools an item, so the compiler's
-process rewards (`dispatch_ok`, `tool_format`) score each decision on its own: a call that
-copied the wrong kind of name fails there, whatever the outcome.
+being the answer. The harness posts a decision-level process reward on each call
+(`decision_right`, named `decision`): right tool and arguments given what the episode had found,
+so each decision is scored on its own whatever the outcome (Harness-RL combines such rewards with
+the outcome; CAPO's `harness` advantage reads them beside `tool_format` and `dispatch_ok`). Item
+tools refuse a person and person tools an item, so `dispatch_ok` fails a call that copied the
+wrong kind of name.
 
 Every item is in training with two of its four (relation, attribute) questions and held out with
 the other two: new combinations of seen words. The warm start imitates an expert that confuses
@@ -175,6 +178,17 @@ def tools(table: World, tried: list[tuple[str, str]], noise: int = 0, rng: rando
             **{f"get_{a}": tool(a, "person", PEOPLE) for a in ATTRIBUTES}}
 
 
+def decision_right(task: HopTask, name: str, args: dict | None, found: str | None) -> float:
+    """The decision-level process reward (Harness-RL's, posted by the harness on the call): a
+    relation call is right when it is the task's relation of the task's item; an attribute call
+    when it is the task's attribute of the person the last relation call found — right given
+    what the first decision found, so each decision is credited for its own tool and arguments."""
+    args = args or {}
+    if name[4:] in RELATIONS:
+        return float(name == f"get_{task.relation}" and args == {"item": task.item})
+    return float(name == f"get_{task.attribute}" and found is not None and args == {"person": found})
+
+
 @dataclass
 class MultihopConfig:
     model: str = "default"
@@ -196,6 +210,7 @@ def run_rollout(hrl: HarnessRL | str, table: World, task: HopTask, cfg: Multihop
             task_id=task.id, group_id=group_id or task.id, run=run, metadata={"harness": "multihop"}) as ro:
         with make_client(ro.base_url("agent"), ro.api_key("agent")) as client:
             messages = task.messages()
+            found = None  # the person the last relation call that ran returned
             try:
                 model = resolve_model(client, cfg.model)
                 for _ in range(cfg.max_turns):
@@ -209,6 +224,11 @@ def run_rollout(hrl: HarnessRL | str, table: World, task: HopTask, cfg: Multihop
                     counts["tool_calls"] += 1
                     counts["tool_errors"] += not ok
                     messages.append(tool_message(call, result))
+                    if turn.call_id:
+                        ro.process_reward(turn.call_id, decision_right(task, call.name, call.arguments, found),
+                                          name="decision")
+                    if ok and call.name[4:] in RELATIONS:
+                        found = result
                     if ok and call.name[4:] in ATTRIBUTES:
                         answer = result
                         break
