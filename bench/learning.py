@@ -42,6 +42,12 @@ training.
     python bench/learning.py --expert-right 1 --algos grpo,pact  # sparse reward: 1 right line of 5
     python bench/learning.py --delegate --algos grpo,matpo     # planner → worker
     python bench/learning.py --report-only --out DIR           # table, verdicts, plot from DIR/results.json
+    python bench/learning.py --family capo-multihop --eval-on validation --algos grpo,capo --seeds 0 --out DIR
+
+`--family` (learning_families.py) picks the task family where one paper's effect can show:
+capo-multihop, matpo-delegate (with `--single-agent` algorithms on the same tasks as one agent),
+pact-sparse; `--eval-on validation` evaluates on the training side's tasks RL does not train on
+(for choosing a tuning grid's point), `held-out` (default) on the held-out ones.
 
 The defaults (4-layer tiny model, compact prompt, 1,000 SFT steps; RL on 32 tasks × group 8,
 3 rounds of 8 steps × 32 samples) run 6 seeds × 4 algorithms in under an hour on 2 cores
