@@ -126,6 +126,19 @@ def test_noisy_tasks_round_trip_through_their_file(tmp_path):
     assert len(rows) == 7 * 3  # the planner's line and its two workers' per expert line
 
 
+def test_planner_drill_copies_every_item_into_the_hop_one_question(tmp_path):
+    drill = noisy_delegate.planner_drill()
+    assert len(drill) == len(toolbox.ITEMS) * len(multihop.RELATIONS)
+    for r in drill:
+        (name, args, _), = _calls(r["expert_trace"])
+        item = r["meta"]["item"]
+        assert name == "ask_worker" and f" {item}?" in args["question"] and item in r["input"][1]["content"]
+    # the planner's warm start has it, the single agent's does not
+    args = learning.parse_args(["--family", "matpo-delegate", "--out", str(tmp_path)])
+    ids = lambda single: {r["id"] for r in learning._setup(args, 0, single)[0].rows}  # noqa: E731
+    assert {r["id"] for r in drill} <= ids(False) and not {r["id"] for r in drill} & ids(True)
+
+
 def test_sparse_warm_start_never_calls_the_right_tool():
     train, _ = sparse.generate(0)
     rows = [r for r in sparse.warm_start_rows(train, 0) if r["meta"]["harness"] == "toolbox"]

@@ -147,6 +147,24 @@ def inconsistent_expert(tasks: list[NoisyTask], table: World, traces: int = 7, r
     return rows
 
 
+def planner_drill() -> list[dict[str, Any]]:
+    """SFT lines that only copy an item into a question for the worker, over every item and
+    relation: `ask_worker("Who is the owner of the river?")` for "Find the owner of the river."
+    The toolbox's copy drill teaches an item as a call's whole argument; the planner writes it
+    inside a question, and without this drill its warm start wrote a remembered item there (seed 0:
+    1 of 16 groups with a success)."""
+    rows = []
+    for item in multihop.ITEMS:
+        for relation in multihop.RELATIONS:
+            question = hop_questions(item, relation, "", "")[0]
+            rows.append({"id": f"ask-drill-{item}-{relation}", "reference": "",
+                         "input": [{"role": "system", "content": "Ask the worker."},
+                                   {"role": "user", "content": f"Find the {relation} of the {item}."}],
+                         "expert_trace": trace([("ask_worker", {"question": question}, "asked")]), "tools": [ASK_WORKER],
+                         "meta": {"harness": "ask-drill", "item": item}})
+    return rows
+
+
 @dataclass
 class NoisyConfig:
     model: str = "default"
