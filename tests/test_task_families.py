@@ -213,3 +213,18 @@ def test_family_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent)
         decisions = [r for r in rewards if r.kind == "process"]
         assert all(r.name == "decision" and r.call_id in {c.id for c in calls} for r in decisions)
         assert len(decisions) == (result.metrics["tool_calls"] if name == "multihop" else 0)
+
+
+def test_tasks_family_writes_a_familys_tasks_and_refuses_an_unknown_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from harnessrl.app.cli import app
+    from harnessrl.errors import UserError
+
+    res = CliRunner().invoke(app, ["tasks", "family", "multihop", "--out", str(tmp_path), "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    written = multihop.read(tmp_path / "multihop.jsonl")
+    assert written == sum(multihop.generate(1), [])
+    res = CliRunner().invoke(app, ["tasks", "family", "nope", "--out", str(tmp_path)])
+    # a UserError: `harnessrl` prints it as one line and exits 2
+    assert isinstance(res.exception, UserError) and "unknown task family 'nope'" in str(res.exception)
