@@ -151,8 +151,9 @@ def planner_drill() -> list[dict[str, Any]]:
     """SFT lines that only copy an item into a question for the worker, over every item and
     relation: `ask_worker("Who is the owner of the river?")` for "Find the owner of the river."
     The toolbox's copy drill teaches an item as a call's whole argument; the planner writes it
-    inside a question, and without this drill its warm start wrote a remembered item there (seed 0:
-    1 of 16 groups with a success)."""
+    inside a question. Without this drill the warm start wrote a remembered item there (seed 0:
+    round-1 sampled success 0.023); with it, still (0.016): measured not enough on its own
+    (docs/benchmarks.md › Learning, Task families)."""
     rows = []
     for item in multihop.ITEMS:
         for relation in multihop.RELATIONS:
