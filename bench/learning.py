@@ -64,6 +64,7 @@ import json
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from harnessrl.console import Console
@@ -137,6 +138,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="scale of negative advantages (trainer option negative_weight; 1: the methods' loss)")
     ap.add_argument("--jobs", type=int, default=2,
                     help="seeds trained at once, each in its own process with the cores split between them")
+    ap.add_argument("--warm-cache", type=Path, default=None,
+                    help="keep the base model and the warm starts here, shared by runs with other --out (each built "
+                         "once, under a lock: bench/fair.py runs one process per algorithm, lr and seed)")
     args = ap.parse_args(argv)
     families.fill_defaults(args)
     if args.steps is None:
@@ -146,22 +150,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _base_model(args: argparse.Namespace) -> str:
     """--model, or the tiny model of --hidden × --layers, reused from an earlier run in the same
-    --out (the build is deterministic given them)."""
+    --out (or --warm-cache; the build is deterministic given them)."""
     from harnessrl.tiny_model import build_tiny_model
 
     if args.model:
         return args.model
-    where, key = args.out / "tiny", json.dumps({"hidden": args.hidden, "layers": args.layers})
-    marker = args.out / "tiny-model.json"
-    if not (marker.is_file() and marker.read_text() == key and (where / "config.json").is_file()):
-        marker.unlink(missing_ok=True)
-        build_tiny_model(where, seed=0, hidden_size=args.hidden, layers=args.layers)
-        marker.write_text(key)
+    home = args.warm_cache / f"tiny-{args.hidden}x{args.layers}" if args.warm_cache else args.out
+    where, key = home / "tiny", json.dumps({"hidden": args.hidden, "layers": args.layers})
+    marker = home / "tiny-model.json"
+    with _locked(home / "build.lock"):
+        if not (marker.is_file() and marker.read_text() == key and (where / "config.json").is_file()):
+            marker.unlink(missing_ok=True)
+            build_tiny_model(where, seed=0, hidden_size=args.hidden, layers=args.layers)
+            marker.write_text(key)
     return str(where)
 
 
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path` for the block: concurrent runs sharing --warm-cache build a
+    model once, the others wait and reuse it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def _settings(args: argparse.Namespace) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("report_only", "jobs")}
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+            if k not in ("report_only", "jobs", "warm_cache")}
 
 
 def _train_parallel(args: argparse.Namespace) -> None:
@@ -235,7 +254,8 @@ def _train(args: argparse.Namespace) -> None:
             rows_file = out / f"sft-{seed}{'-single' * single}.jsonl"
             rows_file.write_text("".join(json.dumps(r) + "\n" for r in fam.rows))
             t = time.perf_counter()
-            warm = _warm_start(out / f"warm-{seed}{'-single' * single}",
+            home = args.warm_cache / args.family if args.warm_cache else out
+            warm = _warm_start(home / f"warm-{seed}{'-single' * single}",
                                SftConfig(tasks=str(rows_file), model=base, out="", steps=args.sft_steps,
                                          lr=args.sft_lr, seed=seed), sft)
             sides[single] = (fam, tasks_file, eval_tasks, warm)
@@ -371,18 +391,19 @@ def sft_share(train: list, items: int, others_once: bool = True) -> list:
 
 
 def _warm_start(where: Path, cfg, sft) -> Path:
-    """The SFT warm start, reused from an earlier run in the same --out with the same settings
-    (SFT is deterministic given them)."""
+    """The SFT warm start, reused from an earlier run in the same --out (or --warm-cache) with the
+    same settings (SFT is deterministic given them)."""
     key = json.dumps({"model": cfg.model, "steps": cfg.steps, "lr": cfg.lr, "seed": cfg.seed,
                       "tasks": Path(cfg.tasks).read_text()}, sort_keys=True)
     marker = where / "warm-start.json"
-    if marker.is_file() and marker.read_text() == key:
-        return Path(marker.with_name("model").read_text())
-    shutil.rmtree(where, ignore_errors=True)
-    cfg.out = str(where)
-    model = sft(cfg)
-    marker.with_name("model").write_text(str(model))
-    marker.write_text(key)
+    with _locked(where.with_name(where.name + ".lock")):
+        if marker.is_file() and marker.read_text() == key:
+            return Path(marker.with_name("model").read_text())
+        shutil.rmtree(where, ignore_errors=True)
+        cfg.out = str(where)
+        model = sft(cfg)
+        marker.with_name("model").write_text(str(model))
+        marker.write_text(key)
     return Path(model)
 
 

@@ -18,14 +18,15 @@ def report(out: Path, console: Console) -> None:
     """Table, verdicts and plot from --out/results.json (what a training run wrote)."""
     results = json.loads((out / "results.json").read_text())
     a, runs, n_eval = results["args"], results["runs"], results["n_eval"]
+    split = a.get("eval_on", "held-out")  # `--eval-on validation`: the tuning split, not the held-out tasks
     seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
     group = a.get("group_size", a.get("group"))  # results.json of runs before the flag was --group-size
-    table = Table(title=f"{results['harness']}: held-out success and tool-call validity (greedy, {n_eval} tasks × "
+    table = Table(title=f"{results['harness']}: {split} success and tool-call validity (greedy, {n_eval} tasks × "
                         f"{len(seeds)} seeds; mean [95% interval]); {a['rounds']} rounds, group {group}, "
                         f"temperature {a['temperature']}, {a['steps']}×{a['batch_size']} samples/round, lr {a['lr']}, "
                         f"ratio to {a.get('ratio_to', 'step')}, negative weight {a.get('negative_weight', 1.0)}")
     for col in ("algo", "success before", "success after", "validity before", "validity after",
-                "held-out per round", "s per run"):
+                f"{split} per round", "s per run"):
         table.add_column(col)
     summary = {}
     for algo, rs in runs.items():
@@ -36,11 +37,11 @@ def report(out: Path, console: Console) -> None:
         table.add_row(algo, *(f"{m:.3f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in cells.values()),
                       " ".join(f"{c:.2f}" for c in curve), f"{sum(r['seconds'] for r in rs) / len(rs):.0f}")
     console.print(table)
-    console.print("held-out success after RL (different when the 95% intervals do not overlap):")
+    console.print(f"{split} success after RL (different when the 95% intervals do not overlap):")
     for line in verdicts(summary):
         console.print(f"  {line}")
-    console.print(_per_seed(runs))
-    console.print("paired by seed (mean difference of held-out success, 95% t-interval over seeds; the verdict by the "
+    console.print(_per_seed(runs, split))
+    console.print(f"paired by seed (mean difference of {split} success, 95% t-interval over seeds; the verdict by the "
                   "t-test's p, Holm-adjusted over every comparison listed):")
     for line in seed_verdicts(runs):
         console.print(f"  {line}")
@@ -54,12 +55,12 @@ def report(out: Path, console: Console) -> None:
     console.print(f"results in {out}/results.json, plot {out}/learning.png")
 
 
-def _per_seed(runs: dict[str, list[dict]]) -> Table:
+def _per_seed(runs: dict[str, list[dict]], split: str) -> Table:
     """Held-out success of every run, one row per seed: the pairs the t-intervals are made of.
     The warm start is the same for every algorithm of a seed (and so is its greedy evaluation)."""
     by_seed = {algo: {r["seed"]: r for r in rs} for algo, rs in runs.items()}
     seeds = sorted({s for rs in by_seed.values() for s in rs})
-    table = Table(title="per seed: held-out success, warm start → after RL")
+    table = Table(title=f"per seed: {split} success, warm start → after RL")
     for col in ("seed", "warm start", *runs):
         table.add_column(col)
     for s in seeds:

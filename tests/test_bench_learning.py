@@ -236,3 +236,39 @@ def test_seeds_an_earlier_run_finished_with_the_same_settings_are_kept_not_train
     merged = json.loads((tmp_path / "results.json").read_text())
     assert started == [1] and merged["reused"] == [0]
     assert [r["seed"] for r in merged["runs"]["grpo"]] == [0, 1]
+
+
+def test_runs_sharing_a_warm_cache_fit_each_warm_start_once(tmp_path):
+    # bench/fair.py starts one learning.py per (algorithm, lr, seed) with one --warm-cache: the
+    # same seed's warm start is fitted by the first and reused by the others, also when they ask at once
+    import threading
+    import time as clock
+    from types import SimpleNamespace
+
+    learning = _learning()
+    tasks = tmp_path / "sft.jsonl"
+    tasks.write_text('{"x": 1}\n')
+    fitted = []
+
+    def sft(cfg):
+        fitted.append(cfg.out)
+        clock.sleep(0.3)  # long enough that the second caller arrives while the first fits
+        (Path(cfg.out) / "final").mkdir(parents=True)
+        return Path(cfg.out) / "final"
+
+    def cfg():
+        return SimpleNamespace(model="m", steps=10, lr=1e-3, seed=0, tasks=str(tasks), out="")
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(learning._warm_start(tmp_path / "cache" / "warm-0", cfg(), sft)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(fitted) == 1 and len(set(got)) == 1 and got[0].is_dir()
+    # other settings: fitted again
+    other = cfg()
+    other.steps = 20
+    learning._warm_start(tmp_path / "cache" / "warm-0", other, sft)
+    assert len(fitted) == 2
