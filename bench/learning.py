@@ -280,6 +280,7 @@ def _train(args: argparse.Namespace) -> None:
                                "curve": [r["eval_success"] for r in state.rounds],
                                "train": [r["train_success"] for r in state.rounds],
                                "group_success": [r.get("group_success") for r in state.rounds],
+                               "diagnostics": last.get("train_log", {}),
                                "harness": fam.harness, "eval_on": args.eval_on,
                                "seconds": time.perf_counter() - t,
                                "parts_before": {k: state.initial_metrics[k] for k in PARTS},

@@ -228,3 +228,14 @@ def test_tasks_family_writes_a_familys_tasks_and_refuses_an_unknown_one(tmp_path
     res = CliRunner().invoke(app, ["tasks", "family", "nope", "--out", str(tmp_path)])
     # a UserError: `harnessrl` prints it as one line and exits 2
     assert isinstance(res.exception, UserError) and "unknown task family 'nope'" in str(res.exception)
+
+
+def test_train_log_means_the_trainers_metrics_over_its_steps():
+    # the fair benchmark's "why": a round's logged diagnostics, averaged over its logged steps; the
+    # closing summary (train_runtime, …), step counters and non-numbers are not metrics
+    from harnessrl.app.loop import _train_log
+
+    history = [{"loss": 0.5, "kl": 0.01, "grad_norm/act_withheld": 2.0, "step": 1, "epoch": 0.5},
+               {"loss": 0.3, "kl": 0.03, "step": 2, "epoch": 1.0, "note": "x", "flag": True},
+               {"train_runtime": 12.0, "train_loss": 0.4, "step": 2}]
+    assert _train_log(history) == pytest.approx({"loss": 0.4, "kl": 0.02, "grad_norm/act_withheld": 2.0})

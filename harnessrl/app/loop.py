@@ -67,6 +67,7 @@ class RoundRow:
     eval_metrics: dict[str, float] = field(default_factory=dict)  # means of the harness's metrics, held out
     failed: int = 0  # training rollouts that failed (crash, timeout, lost node): in no mean, never a 0 reward
     group_success: float = 0.0  # training groups (tasks) with at least one success: those an outcome reward can rank
+    train_log: dict[str, float] = field(default_factory=dict)  # the trainer's logged metrics, means over the round's steps
 
 
 @dataclass
@@ -111,6 +112,19 @@ def _group_success(results: list[Any]) -> float:
     for r in results:
         groups[r.task_id] = groups.get(r.task_id, False) or r.metrics.get("success", 0.0) > 0
     return sum(groups.values()) / len(groups) if groups else 0.0
+
+
+def _train_log(history: list[dict]) -> dict[str, float]:
+    """Each numeric metric the trainer logged (loss, grad norms kept and withheld, KL, clip ratio, …),
+    averaged over the logged steps; the run's closing summary (train_runtime, …) is not a step."""
+    values: dict[str, list[float]] = {}
+    for entry in history:
+        if "train_runtime" in entry:
+            continue
+        for k, v in entry.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch"):
+                values.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in values.items()}
 
 
 def _means(results: list[Any]) -> dict[str, float]:
@@ -227,7 +241,7 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
             row = RoundRow(r, reward, success, validity, held_success, int(totals.get("tokens_recorded", 0)),
                            int(totals.get("samples", 0)), time.perf_counter() - started, version,
                            str(result.checkpoint), held_validity, _means(held), sum(1 for x in results if x.error),
-                           _group_success(results))
+                           _group_success(results), _train_log(result.log_history))
             state.rounds.append(asdict(row))
             state.model = str(result.checkpoint)
             state.save(state_path)
