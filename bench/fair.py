@@ -50,7 +50,7 @@ def _tasks_code() -> str:
     """A fingerprint of what makes the task families and their warm starts: a run made before
     they changed is not this benchmark's run (the trainer and the loop may change and keep it)."""
     root = BENCH.parent
-    files = [BENCH / "learning.py", *sorted(BENCH.glob("learning_families*.py")),
+    files = [BENCH / "learning.py", *sorted(BENCH.glob("learning_families*.py")), BENCH / "learning_warm.py",
              *sorted((root / "harness_examples" / "toolbox").glob("*.py"))]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
 

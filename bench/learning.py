@@ -64,13 +64,13 @@ import json
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from harnessrl.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import learning_families as families  # noqa: E402
+from learning_warm import base_model, warm_start  # noqa: E402
 from learning_report import PARTS, report  # noqa: E402
 
 
@@ -148,36 +148,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _base_model(args: argparse.Namespace) -> str:
-    """--model, or the tiny model of --hidden × --layers, reused from an earlier run in the same
-    --out (or --warm-cache; the build is deterministic given them)."""
-    from harnessrl.tiny_model import build_tiny_model
-
-    if args.model:
-        return args.model
-    home = args.warm_cache / f"tiny-{args.hidden}x{args.layers}" if args.warm_cache else args.out
-    where, key = home / "tiny", json.dumps({"hidden": args.hidden, "layers": args.layers})
-    marker = home / "tiny-model.json"
-    with _locked(home / "build.lock"):
-        if not (marker.is_file() and marker.read_text() == key and (where / "config.json").is_file()):
-            marker.unlink(missing_ok=True)
-            build_tiny_model(where, seed=0, hidden_size=args.hidden, layers=args.layers)
-            marker.write_text(key)
-    return str(where)
-
-
-@contextmanager
-def _locked(path: Path):
-    """An exclusive lock on `path` for the block: concurrent runs sharing --warm-cache build a
-    model once, the others wait and reuse it."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 def _settings(args: argparse.Namespace) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
             if k not in ("report_only", "jobs", "warm_cache")}
@@ -194,7 +164,7 @@ def _train_parallel(args: argparse.Namespace) -> None:
 
     t_all = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    base = _base_model(args)
+    base = base_model(args)
     own = ("out", "seeds", "model", "jobs", "report_only", "delegate")
     flags = [f for k, v in vars(args).items() if k not in own and v is not None for f in (f"--{k.replace('_', '-')}", str(v))]
     flags += ["--delegate"] if args.delegate else []
@@ -237,7 +207,7 @@ def _train(args: argparse.Namespace) -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
-    base = _base_model(args)
+    base = base_model(args)
     console.print(f"base model ready in {time.perf_counter() - t_all:.0f} s")
     harness = ""
     algos, seeds = args.algos.split(","), [int(s) for s in args.seeds.split(",")]
@@ -255,7 +225,7 @@ def _train(args: argparse.Namespace) -> None:
             rows_file.write_text("".join(json.dumps(r) + "\n" for r in fam.rows))
             t = time.perf_counter()
             home = args.warm_cache / args.family if args.warm_cache else out
-            warm = _warm_start(home / f"warm-{seed}{'-single' * single}",
+            warm = warm_start(home / f"warm-{seed}{'-single' * single}",
                                SftConfig(tasks=str(rows_file), model=base, out="", steps=args.sft_steps,
                                          lr=args.sft_lr, seed=seed), sft)
             sides[single] = (fam, tasks_file, eval_tasks, warm)
@@ -389,23 +359,6 @@ def sft_share(train: list, items: int, others_once: bool = True) -> list:
             out.append(t)
         seen.add(t.item)
     return out
-
-
-def _warm_start(where: Path, cfg, sft) -> Path:
-    """The SFT warm start, reused from an earlier run in the same --out (or --warm-cache) with the
-    same settings (SFT is deterministic given them)."""
-    key = json.dumps({"model": cfg.model, "steps": cfg.steps, "lr": cfg.lr, "seed": cfg.seed,
-                      "tasks": Path(cfg.tasks).read_text()}, sort_keys=True)
-    marker = where / "warm-start.json"
-    with _locked(where.with_name(where.name + ".lock")):
-        if marker.is_file() and marker.read_text() == key:
-            return Path(marker.with_name("model").read_text())
-        shutil.rmtree(where, ignore_errors=True)
-        cfg.out = str(where)
-        model = sft(cfg)
-        marker.with_name("model").write_text(str(model))
-        marker.write_text(key)
-    return Path(model)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import importlib
 import inspect
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import ROOT, free_port, standin_cmd, stop, wait_http  # noqa: E402
+from procs import free_port, standin_cmd, stop, wait_http  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 # what no stage claims: the event loop, task switches, and the hot path's own code between the
@@ -324,46 +323,6 @@ def table(res: dict, title: str = "one recorded call by stage") -> Table:
     return t
 
 
-def _child(upstream: str, clients: int, duration: float, pythonpath: str | None) -> dict:
-    """`profile` in a fresh process (of the tree on `pythonpath`, else this checkout's)."""
-    env = {**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
-    out = subprocess.run([sys.executable, __file__, "--upstream", upstream, "--clients", str(clients), "--duration",
-                          str(duration), "--json"], env=env, capture_output=True, text=True, check=True,
-                         cwd=tempfile.gettempdir())
-    return orjson.loads(out.stdout.strip().splitlines()[-1])
-
-
-def compare(base: str, upstream: str, clients: int, duration: float, rounds: int, tmp: Path) -> Table:
-    """The stages of commit `base` (checked out with `git worktree`, run as `proxy_ab.py` runs it)
-    and of this checkout, in alternating rounds; the medians side by side."""
-    from proxy_ab import package_tree
-
-    worktree = tmp / "base"
-    got = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), base],
-                         capture_output=True, text=True)
-    if got.returncode != 0:
-        raise SystemExit(f"cannot check out {base!r}: {got.stderr.strip().splitlines()[-1]}")
-    try:
-        shim = str(package_tree(worktree, tmp / "base-pkg"))
-        runs: dict[str, list[dict]] = {"before": [], "after": []}
-        for i in range(rounds):
-            for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
-                runs[side].append(_child(upstream, clients, duration, shim if side == "before" else None))
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
-    t = Table(title=f"one recorded call by stage, {base} (before) and this checkout (after): non-streaming chat, "
-                    f"{clients} client(s), medians of {rounds} alternating runs; CPU µs a call of the event-loop thread")
-    for col in ("stage", "before", "after", "after − before"):
-        t.add_column(col, justify="right" if col != "stage" else "left")
-    rows = [*runs["after"][0]["stages"], "event-loop thread", "recorder's writer thread"]
-    for stage in rows:
-        key = {"event-loop thread": "loop_us", "recorder's writer thread": "writer_us"}.get(stage)
-        b, a = (statistics.median(r[key] if key else r["stages"].get(stage, 0.0) for r in runs[side])
-                for side in ("before", "after"))
-        t.add_row(stage, f"{b:,.1f}", f"{a:,.1f}", f"{a - b:+,.1f}")
-    return t
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", default=None, help="a running vLLM stand-in (default: start one)")
@@ -390,6 +349,8 @@ def main() -> None:
             wait_http(port, standin, "stand-in")
             upstream = f"http://127.0.0.1:{port}"
         if args.base is not None:
+            from proxy_stages_ab import compare
+
             console.print(compare(args.base, upstream, args.clients, args.duration, args.rounds, tmp))
             console.print(f"load average: {os.getloadavg()[0]:.1f} (other processes share these cores)")
             return

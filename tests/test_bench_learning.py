@@ -260,7 +260,7 @@ def test_runs_sharing_a_warm_cache_fit_each_warm_start_once(tmp_path):
         return SimpleNamespace(model="m", steps=10, lr=1e-3, seed=0, tasks=str(tasks), out="")
 
     got = []
-    threads = [threading.Thread(target=lambda: got.append(learning._warm_start(tmp_path / "cache" / "warm-0", cfg(), sft)))
+    threads = [threading.Thread(target=lambda: got.append(learning.warm_start(tmp_path / "cache" / "warm-0", cfg(), sft)))
                for _ in range(3)]
     for t in threads:
         t.start()
@@ -270,5 +270,5 @@ def test_runs_sharing_a_warm_cache_fit_each_warm_start_once(tmp_path):
     # other settings: fitted again
     other = cfg()
     other.steps = 20
-    learning._warm_start(tmp_path / "cache" / "warm-0", other, sft)
+    learning.warm_start(tmp_path / "cache" / "warm-0", other, sft)
     assert len(fitted) == 2
