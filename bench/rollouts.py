@@ -32,10 +32,10 @@ from pathlib import Path
 from rich.table import Table
 from transformers.utils import logging as hf_logging
 
-from harnessrl.app.cmd_harness import cmd_harness
-from harnessrl.app.executors import LocalExecutor, jobs_for, settle
-from harnessrl.app.harnesses import TaskSource
-from harnessrl.app.limited_run import RolloutFlags
+from harnessrl.app.rollouts.cmd_harness import cmd_harness
+from harnessrl.app.rollouts.executors import LocalExecutor, jobs_for, settle
+from harnessrl.app.rollouts.harnesses import TaskSource
+from harnessrl.app.rollouts.limited_run import RolloutFlags
 from harnessrl.console import Console
 from harnessrl.harness_examples.coding.tasks import write as write_tasks
 from harnessrl.proxy.server import ProxyConfig, run_proxy

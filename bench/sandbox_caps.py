@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnessrl.app.sandbox import ROOT, Limits, Mounts, relay, run_limited
-from harnessrl.app.sandbox_caps import pids_base
-from harnessrl.app.workspace import CodingTask, fresh_workspace
+from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, relay, run_limited
+from harnessrl.app.sandbox.caps import pids_base
+from harnessrl.app.scoring.workspace import CodingTask, fresh_workspace
 from harnessrl.harness_examples.coding.tasks import generate
 
 

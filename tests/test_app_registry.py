@@ -10,7 +10,7 @@ from openai import OpenAI
 from sqlalchemy import select
 
 from harnessrl.algorithms import ALGORITHMS, default_train_agents, get_algorithm
-from harnessrl.app.harnesses import HARNESSES, TaskSource, load_harness
+from harnessrl.app.rollouts.harnesses import HARNESSES, TaskSource, load_harness
 from harnessrl.client import HarnessRL
 from harnessrl.db import open_db
 from harnessrl.errors import UserError

@@ -170,7 +170,7 @@ def test_paired_by_seed_by_hand():
 
 
 def test_rl_on_fewer_tasks_keeps_every_item_and_the_loop_splits_the_file_back(tmp_path):
-    from harnessrl.app.harnesses import TaskSource, load_harness
+    from harnessrl.app.rollouts.harnesses import TaskSource, load_harness
     from harnessrl.harness_examples.toolbox import tasks as toolbox
 
     rl_tasks = _learning().rl_tasks

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from harnessrl.app.cli import PANELS, app
-from harnessrl.app.loop_config import LoopConfig, Teacher
+from harnessrl.app.loop.config import LoopConfig, Teacher
 from harnessrl.errors import UserError
 from harnessrl.trainer.config import TrainConfig
 from test_cli_options import _distinct_argv
@@ -57,7 +57,7 @@ def ran(monkeypatch):
         got.append((opts, teacher))
         return 0
 
-    monkeypatch.setattr("harnessrl.app.run_cmd.run_command", run_command)
+    monkeypatch.setattr("harnessrl.app.rollouts.run_cmd.run_command", run_command)
     return got
 
 
@@ -94,7 +94,7 @@ def looped(monkeypatch):
     def run_loop(cfg):
         got.append(cfg)
 
-    monkeypatch.setattr("harnessrl.app.loop.run_loop", run_loop)
+    monkeypatch.setattr("harnessrl.app.loop.sync.run_loop", run_loop)
     return got
 
 

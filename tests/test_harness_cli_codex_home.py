@@ -1,4 +1,4 @@
-"""The Codex configuration `harnessrl run` writes (harnessrl/app/codex_home.py): the user's own
+"""The Codex configuration `harnessrl run` writes (harnessrl/app/rollouts/codex_home.py): the user's own
 config.toml with the rollout's provider selected, read back with a TOML parser; the real Codex
 reading it is tests/test_harness_cli_codex.py."""
 
@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from harnessrl.app.codex_home import KEY_ENV, PROVIDER, codex_home
+from harnessrl.app.rollouts.codex_home import KEY_ENV, PROVIDER, codex_home
 from harnessrl.errors import UserError
 
 USER_CONFIG = '''model = "gpt-x"

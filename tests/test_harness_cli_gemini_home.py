@@ -1,4 +1,4 @@
-"""The Gemini CLI home `harnessrl run` writes (harnessrl/app/gemini_home.py): the user's own settings
+"""The Gemini CLI home `harnessrl run` writes (harnessrl/app/rollouts/gemini_home.py): the user's own settings
 with API-key auth selected, the user's other files linked in, the user's folder untouched; and a
 Google SDK program under `harnessrl run`, pointed by the variables alone. The real Gemini CLI
 reading them is tests/test_harness_cli.py (-k gemini)."""
@@ -9,9 +9,9 @@ import sys
 import pytest
 from sqlalchemy import select
 
-from harnessrl.app.codex_home import codex_home
-from harnessrl.app.gemini_home import strip_comments, write_gemini_home
-from harnessrl.app.run_cmd import RunOptions, run_command
+from harnessrl.app.rollouts.codex_home import codex_home
+from harnessrl.app.rollouts.gemini_home import strip_comments, write_gemini_home
+from harnessrl.app.rollouts.run_cmd import RunOptions, run_command
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

@@ -7,7 +7,7 @@ import json
 import pytest
 from sqlalchemy import select
 
-from harnessrl.app.harnesses import TaskSource, load_harness
+from harnessrl.app.rollouts.harnesses import TaskSource, load_harness
 from harnessrl.db import open_db
 from harnessrl.harness_examples.toolbox import tasks as toolbox
 from harnessrl.records import Call, Reward, Rollout

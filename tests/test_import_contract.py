@@ -149,7 +149,7 @@ def test_the_package_keeps_the_contract():
     names = {m for m, _, _ in tree_modules(REPO)}
     # the walk really covers every layer (an empty walk would pass vacuously)
     for expected in ("harnessrl.records", "harnessrl.proxy.server", "harnessrl.compiler.trees",
-                     "harnessrl.trainer.losses", "harnessrl.harness_examples.chat", "harnessrl.app.loop",
+                     "harnessrl.trainer.losses", "harnessrl.harness_examples.chat", "harnessrl.app.loop.sync",
                      "harnessrl.viewer.app", "harnessrl.migrations.env"):
         assert expected in names
     found = contract_violations(REPO)
@@ -171,7 +171,7 @@ def test_a_forbidden_import_in_a_copy_of_the_tree_is_caught(tmp_path):
     # the violations this contract was written against
     ("harnessrl.tiny_model", "def f():\n    from harnessrl.proxy.routes.hermes_tools import parse_hermes\n",
      "harnessrl.tiny_model:2 imports harnessrl.proxy.routes.hermes_tools (core ↛ proxy)"),
-    ("harnessrl.records", "import harnessrl.app.loop\n", "harnessrl.records:1 imports harnessrl.app.loop (core ↛ app)"),
+    ("harnessrl.records", "import harnessrl.app.loop.sync\n", "harnessrl.records:1 imports harnessrl.app.loop.sync (core ↛ app)"),
     ("harnessrl.trainer.capo", "from harnessrl.compiler.schema import ACTION\n",
      "harnessrl.trainer.capo:1 imports harnessrl.compiler.schema (trainer ↛ compiler)"),
     ("harnessrl.trainer.sft", "from ..compiler import tasks\n",
@@ -188,8 +188,8 @@ def test_a_forbidden_import_in_a_copy_of_the_tree_is_caught(tmp_path):
      "harnessrl.proxy.app:1 imports harnessrl.viewer.app (proxy ↛ viewer)"),
     ("harnessrl.compiler.inspect", "import harnessrl.viewer\n",
      "harnessrl.compiler.inspect:1 imports harnessrl.viewer (compiler ↛ viewer)"),
-    ("harnessrl.app.loop", "m = __import__('harnessrl.harness_examples.react')\n",
-     "harnessrl.app.loop:1 uses __import__ (use an ordinary import)"),
+    ("harnessrl.app.loop.sync", "m = __import__('harnessrl.harness_examples.react')\n",
+     "harnessrl.app.loop.sync:1 uses __import__ (use an ordinary import)"),
 ])
 def test_each_listed_violation_is_caught(module, source, expected):
     assert expected in violations(source, module)
@@ -197,7 +197,7 @@ def test_each_listed_violation_is_caught(module, source, expected):
 
 def test_the_app_and_core_imports_that_are_allowed():
     assert violations("from harnessrl.trainer.run import train\nfrom harnessrl.proxy import server\n",
-                      "harnessrl.app.loop") == []
+                      "harnessrl.app.loop.sync") == []
     assert violations("from harnessrl.records import Call\nfrom harnessrl.errors import UserError\n",
                       "harnessrl.compiler.pipeline") == []
     assert violations("from harnessrl.client import HarnessRL\n", "harnessrl.harness_examples.chat") == []

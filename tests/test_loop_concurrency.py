@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from harnessrl.app.cmd_harness import cmd_harness
-from harnessrl.app.executors import LocalExecutor, jobs_for, open_executor, settle
-from harnessrl.app.harnesses import TaskSource
+from harnessrl.app.rollouts.cmd_harness import cmd_harness
+from harnessrl.app.rollouts.executors import LocalExecutor, jobs_for, open_executor, settle
+from harnessrl.app.rollouts.harnesses import TaskSource
 from harnessrl.client import HarnessRL
 from harnessrl.compiler.pipeline import CompileOptions, Compiler
 from harnessrl.db import open_db

@@ -92,10 +92,10 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
 
 
 def test_a_hung_ray_rollout_is_cancelled_at_its_deadline_and_failed(cluster, tiny_model_dir, tmp_path):
-    from harnessrl.app.cmd_harness import cmd_harness
-    from harnessrl.app.executors import jobs_for, settle
-    from harnessrl.app.harnesses import TaskSource
-    from harnessrl.app.ray_rollouts import RayExecutor
+    from harnessrl.app.rollouts.cmd_harness import cmd_harness
+    from harnessrl.app.rollouts.executors import jobs_for, settle
+    from harnessrl.app.rollouts.harnesses import TaskSource
+    from harnessrl.app.rollouts.ray_rollouts import RayExecutor
     from harnessrl.client import HarnessRL
     from harnessrl.proxy.server import ProxyConfig, run_proxy
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.app.sandbox import ROOT, Limits, Mounts, relay, run_limited
-from harnessrl.app.sandbox_caps import OUTPUT_TAIL, pids_base
+from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, relay, run_limited
+from harnessrl.app.sandbox.caps import OUTPUT_TAIL, pids_base
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="bubblewrap is not installed")
 DISK, PROCS = 8 << 20, 48
@@ -151,7 +151,7 @@ def test_hidden_folders_hold_nothing_the_sandbox_can_read_but_the_python_it_runs
             except OSError as exc:
                 print(path, type(exc).__name__)
     """
-    from harnessrl.app.sandbox import db_files
+    from harnessrl.app.sandbox.run import db_files
 
     done, out = _run(code, ws, hidden=(tasks, out_dir, *db_files(str(db))))
     lines = dict(line.split(" ", 1) for line in out.splitlines())
@@ -286,14 +286,14 @@ def coding(tiny_model_dir, tmp_path_factory):
 
 
 def _rollout(s, mode: str):
-    from harnessrl.app.cmd_harness import cmd_harness
-    from harnessrl.app.harnesses import TaskSource
-    from harnessrl.app.limited_run import RolloutFlags
-    from harnessrl.app.sandbox import db_files
+    from harnessrl.app.rollouts.cmd_harness import cmd_harness
+    from harnessrl.app.rollouts.harnesses import TaskSource
+    from harnessrl.app.rollouts.limited_run import RolloutFlags
+    from harnessrl.app.sandbox.run import db_files
 
     flags = RolloutFlags(sandbox="bwrap", timeout=120, procs=PROCS, file_size=4 << 20, disk=DISK)
     src = TaskSource(s["tasks"], None, s["root"] / f"out-{mode}", 8, 0.0, 0)
-    from harnessrl.app.sandbox import private_cache
+    from harnessrl.app.sandbox.run import private_cache
 
     h = cmd_harness(f"{sys.executable} {s['root'] / 'agent.py'} {mode} {{task}} {s['root']} {private_cache()}", src,
                     None, False, flags, hidden=db_files(str(s["db"])))
@@ -335,8 +335,8 @@ def test_links_the_agent_made_come_back_as_links_and_nothing_is_written_through_
 
 
 def test_as_root_without_a_pids_cgroup_a_process_cap_is_an_error_not_a_run_without_one(monkeypatch):
-    from harnessrl.app import sandbox
-    from harnessrl.app.cli_tracing import rollout_flags
+    from harnessrl.app.sandbox import run as sandbox
+    from harnessrl.app.rollouts.cli import rollout_flags
     from harnessrl.errors import UserError
 
     monkeypatch.setattr(sandbox, "pids_base", lambda: None)
@@ -355,7 +355,7 @@ def test_as_root_without_a_pids_cgroup_a_process_cap_is_an_error_not_a_run_witho
 def test_a_cgroup_left_by_a_killed_host_process_is_removed_by_the_next_rollout():
     import subprocess
 
-    from harnessrl.app.sandbox_caps import PidsCgroup
+    from harnessrl.app.sandbox.caps import PidsCgroup
 
     dead = subprocess.Popen(["/bin/true"])
     dead.wait()
@@ -377,7 +377,7 @@ def test_threads_that_start_rollouts_at_once_all_find_the_pids_cgroup():
     cgroup must not fail on some of them (it did, in CI, as 'no pids cgroup can be made')."""
     import threading
 
-    from harnessrl.app import sandbox_caps
+    from harnessrl.app.sandbox import caps as sandbox_caps
 
     expected = pids_base()
     for _ in range(5):

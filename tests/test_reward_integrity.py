@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.app.cmd_harness import cmd_harness
-from harnessrl.app.harnesses import TaskSource
-from harnessrl.app.limited_run import RolloutFlags, coding_tasks
-from harnessrl.app.sandbox import ROOT, Limits
-from harnessrl.app.scoring import score_rollout
-from harnessrl.app.workspace import fresh_workspace
+from harnessrl.app.rollouts.cmd_harness import cmd_harness
+from harnessrl.app.rollouts.harnesses import TaskSource
+from harnessrl.app.rollouts.limited_run import RolloutFlags, coding_tasks
+from harnessrl.app.sandbox.run import ROOT, Limits
+from harnessrl.app.scoring.hidden_tests import score_rollout
+from harnessrl.app.scoring.workspace import fresh_workspace
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.coding.tasks import write
 from harnessrl.tasks_file import read_tasks
@@ -213,7 +213,7 @@ def test_links_and_special_files_are_never_followed_by_the_host(task, tmp_path):
 
 
 def test_an_oversized_surface_is_the_policys_zero(task, monkeypatch):
-    import harnessrl.app.clean_room as clean_room
+    import harnessrl.app.scoring.clean_room as clean_room
 
     monkeypatch.setattr(clean_room, "MAX_BYTES", 4096)
     outcome = _score(task, _files({"{pkg}/big.py": "x = 1\n" * 2000, "{module}": task["fixed"]}))
@@ -244,7 +244,7 @@ def test_a_tasks_own_reward_cmd_runs_in_the_clean_room_without_the_rollouts_keys
     clean room and in an environment without the proxy's key or Python's variables."""
     from dataclasses import replace
 
-    from harnessrl.app.scoring import score_in_place
+    from harnessrl.app.scoring.hidden_tests import score_in_place
 
     monkeypatch.setenv("OPENAI_API_KEY", "hrl-x-main:operator-secret")
     monkeypatch.setenv("PYTHONPATH", "/planted")
@@ -334,8 +334,8 @@ def test_end_to_end_a_waiting_agent_a_hidden_tests_link_and_the_fix(task, live, 
 
 @pytest.mark.ray
 def test_under_ray_an_attack_scores_no_more_than_nothing_and_the_fix_1(task, live):
-    from harnessrl.app.executors import Job
-    from harnessrl.app.ray_rollouts import RayExecutor
+    from harnessrl.app.rollouts.executors import Job
+    from harnessrl.app.rollouts.ray_rollouts import RayExecutor
 
     nothing = task["nothing"]
     row = task["row"]

@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from harnessrl.app.run_cmd import RunOptions, owned_proxy, run_command
+from harnessrl.app.rollouts.run_cmd import RunOptions, owned_proxy, run_command
 from harnessrl.client import HarnessRL, HarnessRLError
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.viewer.app import create_viewer, standalone
@@ -301,7 +301,7 @@ def test_harnessrl_reward_inside_a_rollout_uses_its_own_key(proxy, tmp_path, mon
     """Without an outcome source the program reports its own (`harnessrl reward`, $HARNESSRL_KEY)."""
     url, op, _ = proxy
     script = tmp_path / "report.py"
-    script.write_text("import os\nfrom harnessrl.app.run_cmd import report_reward\n"
+    script.write_text("import os\nfrom harnessrl.app.rollouts.run_cmd import report_reward\n"
                       "report_reward(os.environ['HARNESSRL_PROXY'], os.environ['HARNESSRL_ROLLOUT'], 0.75, "
                       "'outcome')\n")
     monkeypatch.setenv("HARNESSRL_PROXY_API_KEY", KEY)

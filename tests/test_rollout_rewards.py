@@ -17,9 +17,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from harnessrl.app.cmd_harness import cmd_harness
-from harnessrl.app.harnesses import TaskSource
-from harnessrl.app.limited_run import RolloutFlags
+from harnessrl.app.rollouts.cmd_harness import cmd_harness
+from harnessrl.app.rollouts.harnesses import TaskSource
+from harnessrl.app.rollouts.limited_run import RolloutFlags
 from harnessrl.db import open_db
 from harnessrl.harness_examples.coding.tasks import HIDDEN, VISIBLE, write
 from harnessrl.proxy.server import ProxyConfig, run_proxy

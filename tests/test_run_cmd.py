@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from harnessrl.app.cmd_harness import fill
-from harnessrl.app.intercept import find_mitmdump, read_hosts
-from harnessrl.app.run_cmd import outcome_of
+from harnessrl.app.rollouts.cmd_harness import fill
+from harnessrl.app.rollouts.intercept import find_mitmdump, read_hosts
+from harnessrl.app.rollouts.run_cmd import outcome_of
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy
@@ -175,9 +175,9 @@ def test_hosts_file_and_a_missing_mitmdump(tmp_path, monkeypatch):
 def test_a_loop_cmd_rollout_in_a_sandbox_sees_and_writes_only_its_own_reward_file(proxy, tmp_path):
     """`--reward-from file` under bwrap: the folder bound writable for the reward file is the
     rollout's own, so it holds no other rollout's log or reward file to read or overwrite."""
-    from harnessrl.app.cmd_harness import cmd_harness
-    from harnessrl.app.harnesses import TaskSource
-    from harnessrl.app.limited_run import RolloutFlags
+    from harnessrl.app.rollouts.cmd_harness import cmd_harness
+    from harnessrl.app.rollouts.harnesses import TaskSource
+    from harnessrl.app.rollouts.limited_run import RolloutFlags
     from harnessrl.tasks_file import read_tasks
 
     url, _ = proxy

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.app.sandbox import ROOT, TIMED_OUT, Limits, Mounts, check_limits, parse_size, relay, run_limited
+from harnessrl.app.sandbox.run import ROOT, TIMED_OUT, Limits, Mounts, check_limits, parse_size, relay, run_limited
 from harnessrl.errors import UserError
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="bubblewrap is not installed")

@@ -11,10 +11,10 @@ import typer
 from harnessrl.console import Console
 
 import harnessrl
-from harnessrl.app import cli_tracing
+from harnessrl.app.rollouts import cli as cli_tracing
 from harnessrl.app.demo_config import ALGO as DEMO_ALGO, GROUP as DEMO_GROUP, ROUNDS as DEMO_ROUNDS
 from harnessrl.app.demo_config import SFT_STEPS as DEMO_SFT_STEPS
-from harnessrl.app.loop_config import CMD, LoopConfig, Teacher
+from harnessrl.app.loop.config import CMD, LoopConfig, Teacher
 from harnessrl.cli_options import algo_option, from_config, records_db_option
 from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
@@ -98,7 +98,7 @@ def loop(
                                     help="--cmd: " + cli_tracing.REWARD_MODE_HELP),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
-    from harnessrl.app.loop import run_loop
+    from harnessrl.app.loop.sync import run_loop
 
     cfg.teacher = teacher if teacher.url else None
     cfg.cmd_flags = cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode, max_procs,
@@ -156,7 +156,7 @@ def tasks_family(
 ) -> None:
     """Write a learning-benchmark task family's tasks (each with its expert trace) for `loop --tasks` and
     `tasks import`."""
-    from harnessrl.app.harnesses import HARNESSES, TaskSource
+    from harnessrl.app.rollouts.harnesses import HARNESSES, TaskSource
 
     families = ("multihop", "noisy_delegate", "noisy_single", "toolbox_sparse", "toolbox", "toolbox_delegate")
     if name not in families:

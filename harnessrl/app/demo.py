@@ -24,8 +24,8 @@ from sqlalchemy import func, select
 from transformers.utils import logging as hf_logging
 
 from harnessrl.app.demo_config import ALGO, BATCH, CONFUSE, DRILL, GROUP, ITEMS, RIGHT, ROUNDS, SFT_STEPS, TRACES
-from harnessrl.app.loop import LoopState, run_loop
-from harnessrl.app.loop_config import LoopConfig
+from harnessrl.app.loop.sync import LoopState, run_loop
+from harnessrl.app.loop.config import LoopConfig
 from harnessrl.console import Console
 from harnessrl.db import open_db
 from harnessrl.errors import UserError

@@ -38,12 +38,12 @@ from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from harnessrl.app.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
-from harnessrl.app.sandbox import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
-from harnessrl.app.workspace import OUTPUT_KEPT, CodingTask, TestOutcome, lay, score
+from harnessrl.app.scoring.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
+from harnessrl.app.sandbox.run import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.scoring.workspace import OUTPUT_KEPT, CodingTask, TestOutcome, lay, score
 from harnessrl.errors import UserError
 
-RUNNER = Path(__file__).with_name("scoring_runner.py")
+RUNNER = Path(__file__).with_name("runner.py")
 REPORT_LIMIT = 16 << 20  # bytes of a report read back
 LOAD_LIMITS = Limits(sandbox="none", timeout=300.0)  # the known-tests run: the task's own code, unsandboxed
 _known: dict[str, Any] = {}

@@ -28,11 +28,11 @@ from typing import IO
 
 import httpx
 
-from harnessrl.app.codex_home import KEY_ENV, codex_home
-from harnessrl.app.gemini_home import HOME_ENV as GEMINI_HOME_ENV, write_gemini_home
-from harnessrl.app.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
-from harnessrl.app.sandbox import Limits
-from harnessrl.app.workspace import CodingTask
+from harnessrl.app.rollouts.codex_home import KEY_ENV, codex_home
+from harnessrl.app.rollouts.gemini_home import HOME_ENV as GEMINI_HOME_ENV, write_gemini_home
+from harnessrl.app.rollouts.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
+from harnessrl.app.sandbox.run import Limits
+from harnessrl.app.scoring.workspace import CodingTask
 from harnessrl.client import OPERATOR_KEY_ENV, HarnessRL, HarnessRLError, Rollout, forget_key, remember_key
 from harnessrl.console import Console
 from harnessrl.errors import UserError
@@ -230,7 +230,7 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
         # Gemini CLI takes GOOGLE_GEMINI_BASE_URL only with API-key auth selected in its settings
         env[GEMINI_HOME_ENV] = str(write_gemini_home(home, env))
         if opts.limits is not None:
-            from harnessrl.app.limited_run import run_limited_rollout  # it imports this module's helpers
+            from harnessrl.app.rollouts.limited_run import run_limited_rollout  # it imports this module's helpers
 
             urls = [proxy_url] + ([interceptor.url] if interceptor is not None else [])
             return run_limited_rollout(ro, cmd, opts, env, stdout, urls, home)

@@ -25,8 +25,8 @@ from typing import Any
 
 from rich.progress import Progress
 
-from harnessrl.app.executors import Job, lost
-from harnessrl.app.harnesses import Runner
+from harnessrl.app.rollouts.executors import Job, lost
+from harnessrl.app.rollouts.harnesses import Runner
 from harnessrl.client import default_key, remember_key
 from harnessrl.errors import UserError
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.algorithms import algo_help
-from harnessrl.app.cli_tracing import REWARD_FROM_HELP
-from harnessrl.app.harnesses import harness_help
-from harnessrl.app.limited_run import RolloutFlags
+from harnessrl.app.rollouts.cli import REWARD_FROM_HELP
+from harnessrl.app.rollouts.harnesses import harness_help
+from harnessrl.app.rollouts.limited_run import RolloutFlags
 from harnessrl.cli_options import option
 
 HARNESS, TRAINING, ROLLOUTS, OUTPUT, TEACHER = "Harness", "Training", "Rollouts", "Records and output", "Teacher"

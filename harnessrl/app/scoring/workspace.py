@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.app.sandbox import ROOT, Finished
+from harnessrl.app.sandbox.run import ROOT, Finished
 from harnessrl.errors import UserError
 
 REWARD_MODES = ("pass-fraction", "all-pass")

@@ -31,10 +31,10 @@ from rich.table import Table
 from transformers.utils import logging as hf_logging
 
 from harnessrl.algorithms import get_algorithm, process_rewards
-from harnessrl.app.executors import Executor, counted, jobs_for, open_executor, settle
-from harnessrl.app.harnesses import HarnessTasks, TaskSource, load_harness
-from harnessrl.app.loop_config import LoopConfig, Teacher
-from harnessrl.app.run_cmd import owned_proxy  # a key only this process holds (rollouts get their own)
+from harnessrl.app.rollouts.executors import Executor, counted, jobs_for, open_executor, settle
+from harnessrl.app.rollouts.harnesses import HarnessTasks, TaskSource, load_harness
+from harnessrl.app.loop.config import LoopConfig, Teacher
+from harnessrl.app.rollouts.run_cmd import owned_proxy  # a key only this process holds (rollouts get their own)
 from harnessrl.compiler.expert_traces import collect, write_db, write_jsonl
 from harnessrl.compiler.pipeline import PROCESS_REWARDS, CompileOptions, Compiler
 from harnessrl.compiler.tasks import import_tasks
@@ -173,8 +173,8 @@ def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     if cfg.intercept and cfg.executor != "local":
         raise UserError("--intercept runs one mitmdump on this machine: use it with --executor local")
     if cfg.cmd:
-        from harnessrl.app.cmd_harness import cmd_harness
-        from harnessrl.app.sandbox import db_files
+        from harnessrl.app.rollouts.cmd_harness import cmd_harness
+        from harnessrl.app.sandbox.run import db_files
 
         h = cmd_harness(cfg.cmd, src, cfg.reward_from, cfg.intercept, cfg.cmd_flags, hidden=db_files(db))
     else:
@@ -251,7 +251,7 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, h: HarnessTasks, algo: Any, db: s
 def _fail_interrupted(url: str, r: int, attempt: int) -> None:
     """The rollouts a killed attempt left running (its round's, its eval's, a teacher round's) are
     finished as failed: they never count, and a straggler's calls to them are refused."""
-    from harnessrl.app.run_cmd import proxy_key
+    from harnessrl.app.rollouts.run_cmd import proxy_key
     from harnessrl.client import HarnessRL
 
     with HarnessRL(url, api_key=proxy_key()) as client:

@@ -35,12 +35,12 @@ from typing import IO
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-from harnessrl.app.sandbox_caps import UNPACK, CappedOutput, Export, PidsCgroup, pids_base
-from harnessrl.app.sandbox_launch import pump  # the launcher's own relay loop, so both ends forward alike
+from harnessrl.app.sandbox.caps import UNPACK, CappedOutput, Export, PidsCgroup, pids_base
+from harnessrl.app.sandbox.launch import pump  # the launcher's own relay loop, so both ends forward alike
 from harnessrl.errors import UserError
 
 SANDBOXES = ("bwrap", "none")
-LAUNCH = Path(__file__).with_name("sandbox_launch.py")
+LAUNCH = Path(__file__).with_name("launch.py")
 # every rollout's workspace and relay folder lives under here; in a sandbox it is a fresh tmpfs
 # holding only this rollout's (and the sandbox's HOME and TMPDIR), so no rollout sees another's
 ROOT = Path(tempfile.gettempdir()) / "harnessrl-rollouts"

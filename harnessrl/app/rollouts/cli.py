@@ -43,8 +43,8 @@ REWARD_FROM_HELP = ("Outcome: exit-code (0 → 1.0, else 0.0) | stdout-json (las
 def rollout_flags(sandbox: str | None, timeout: float | None, memory: str, cpu_time: int | None,
                   reward_cmd: str | None, reward_mode: str, procs: int = 1024, file_size: str = "1G",
                   disk: str = "2G", output: str = "4M"):
-    from harnessrl.app.limited_run import RolloutFlags
-    from harnessrl.app.sandbox import parse_size
+    from harnessrl.app.rollouts.limited_run import RolloutFlags
+    from harnessrl.app.sandbox.run import parse_size
 
     if procs < 0:
         raise UserError(f"--max-procs {procs}: a number of processes, or 0 for no cap")
@@ -82,8 +82,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Route the LLM API calls of any program (api.openai.com, api.anthropic.com, Azure OpenAI,
         OpenRouter, the Gemini API, --hosts) into the recording proxy, with mitmproxy; the client's keys are dropped."""
-        from harnessrl.app.intercept import InterceptConfig, describe, read_hosts, start_intercept
-        from harnessrl.app.run_cmd import proxy_key
+        from harnessrl.app.rollouts.intercept import InterceptConfig, describe, read_hosts, start_intercept
+        from harnessrl.app.rollouts.run_cmd import proxy_key
 
         cfg = InterceptConfig(proxy=proxy.rstrip("/"), port=port, rollout=rollout, agent=agent, hosts=read_hosts(hosts),
                               only_llm=only_llm, mitmdump=mitmdump, ca_dir=ca, proxy_key=proxy_key())
@@ -154,9 +154,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD as one rollout: base-URL variables (and a Codex provider, CODEX_HOME) and
         (default) interception set, outcome reported, rollout finished; exits with CMD's exit code."""
-        from harnessrl.app.intercept import InterceptConfig, read_hosts
-        from harnessrl.app.run_cmd import REWARD_SOURCES, RunOptions, run_command
-        from harnessrl.app.sandbox import db_files
+        from harnessrl.app.rollouts.intercept import InterceptConfig, read_hosts
+        from harnessrl.app.rollouts.run_cmd import REWARD_SOURCES, RunOptions, run_command
+        from harnessrl.app.sandbox.run import db_files
 
         group_id = renamed(group_id, group_old, "--group", "--group-id")
         teacher = renamed(teacher, teacher_old, "--teacher", "--upstream")
@@ -179,7 +179,7 @@ def register(app: typer.Typer) -> None:
         opts = RunOptions(task=task, group=group_id, run=run_tag or ("teacher" if teacher else None), agent=agent,
                           reward_from=reward_from, hidden=() if proxy else db_files(db))
         if tasks is not None or sandbox is not None or timeout is not None or reward_cmd is not None:
-            from harnessrl.app.limited_run import limit_run
+            from harnessrl.app.rollouts.limited_run import limit_run
 
             flags = rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode, max_procs, file_size,
                                   disk, max_output)
@@ -209,7 +209,7 @@ def register(app: typer.Typer) -> None:
         if db is not None:
             _reward_in_db(db, rollout, value, name, finish)
             return
-        from harnessrl.app.run_cmd import report_reward
+        from harnessrl.app.rollouts.run_cmd import report_reward
 
         report_reward(proxy.rstrip("/"), rollout, value, name, finish)
 

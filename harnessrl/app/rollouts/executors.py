@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harnessrl.app.harnesses import HarnessTasks, Runner
+from harnessrl.app.rollouts.harnesses import HarnessTasks, Runner
 from harnessrl.client import HarnessRL
 from harnessrl.errors import UserError
 from harnessrl.harness_examples.chat import RolloutResult
@@ -81,7 +81,7 @@ def open_executor(kind: str, concurrency: int, deadline: float | None, ray_addre
             raise UserError("--ray-address is for --executor ray")
         yield LocalExecutor(concurrency, deadline)
     elif kind == "ray":
-        from harnessrl.app.ray_rollouts import RayExecutor
+        from harnessrl.app.rollouts.ray_rollouts import RayExecutor
 
         ex = RayExecutor(ray_address, concurrency, deadline)
         try:

@@ -26,11 +26,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from harnessrl.app.clean_room import solution_surface
-from harnessrl.app.run_cmd import RunOptions, RunResult, outcome_of, reward_file_of
-from harnessrl.app.sandbox import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
-from harnessrl.app.scoring import known_for_all, reference_tree, score_in_place, score_rollout
-from harnessrl.app.workspace import REWARD_MODES, CodingTask, check_tree, fresh_workspace
+from harnessrl.app.scoring.clean_room import solution_surface
+from harnessrl.app.rollouts.run_cmd import RunOptions, RunResult, outcome_of, reward_file_of
+from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
+from harnessrl.app.scoring.hidden_tests import known_for_all, reference_tree, score_in_place, score_rollout
+from harnessrl.app.scoring.workspace import REWARD_MODES, CodingTask, check_tree, fresh_workspace
 from harnessrl.client import Rollout
 from harnessrl.errors import UserError
 from harnessrl.tasks_file import TaskRow, read_tasks

@@ -1,0 +1,1 @@
+"""The loop: rounds of rollouts, compile, train, push and evaluate (`harnessrl loop`)."""
