@@ -104,7 +104,7 @@ def _family(name: str) -> Callable[[TaskSource], HarnessTasks]:
     training and 64 held-out tasks of the seed's world, a fresh world per training round, as
     `toolbox`'s (`--tasks` reads a written file, split by `--eval-fraction`)."""
     def load(src: TaskSource) -> HarnessTasks:
-        from harnessrl.harness_examples.toolbox import multihop, noisy_delegate, sparse
+        from harnessrl.harness_examples.toolbox import multihop, noisy_delegate, slow, sparse
         from harnessrl.harness_examples.toolbox import harness as toolbox
         from harnessrl.harness_examples.toolbox import tasks as toolbox_tasks
 
@@ -118,7 +118,8 @@ def _family(name: str) -> Callable[[TaskSource], HarnessTasks]:
                              lambda url, table, task, t, **kw: noisy_delegate.run_rollout(
                                  url, table, task, noisy_delegate.NoisyConfig(temperature=t), **kw), multihop),
             "toolbox_sparse": (toolbox_tasks, sparse.generate, lambda url, table, task, t, **kw: toolbox.run_rollout(
-                url, table, task, toolbox.ToolboxConfig(temperature=t), **kw), toolbox_tasks)}[name]
+                url, table, task, toolbox.ToolboxConfig(temperature=t), **kw), toolbox_tasks),
+            "toolbox_slow": (slow, slow.generate, slow.run_rollout, toolbox_tasks)}[name]
         if src.tasks:
             train, held = split_tasks(module.read(src.tasks), src.eval_fraction)
         else:
@@ -188,6 +189,8 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (
             _family("noisy_single")),
     Harness("toolbox_sparse", "toolbox tasks for a warm start that almost never succeeds (the PACT family)",
             _family("toolbox_sparse")),
+    Harness("toolbox_slow", "toolbox tasks whose environment takes a long-tailed per-task time in the first tool "
+            "call, like CLI sessions (the async benchmark)", _family("toolbox_slow")),
     Harness("react", "ReAct loop with search and calculator tools", _search("react")),
     Harness("planner_worker", "planner dispatching search workers (MATPO-style)",
             _search("planner_worker")),
