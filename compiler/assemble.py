@@ -106,6 +106,8 @@ def sample(w: RolloutWork, tree: SessionTree, nodes: list[int], trainable: list[
         "input_ids": ids, "loss_mask": mask, "token_class": cls, "advantage": adv,
         "behaviour_logprob": (blp, blp_valid), "turn_index": turn,
         "call_ids": [tree.nodes[i].call.call_id for i in nodes],
+        "call_versions": [tree.nodes[i].call.weight_version for i in nodes],
+        "call_turns": [tree.nodes[i].decision_index for i in nodes],
         "prompt_len": len(tree.nodes[nodes[0]].call.prompt),
         "weight_version": leaf.weight_version, "outcome_reward": w.outcome,
         "reward_breakdown": json.dumps(breakdown, sort_keys=True),
