@@ -199,8 +199,8 @@ def _train_parallel(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace) -> None:
     """Warm starts and loops; writes --out/results.json."""
-    from harnessrl.app.loop.sync import run_loop
     from harnessrl.app.loop.config import LoopConfig
+    from harnessrl.app.loop.sync import run_loop
     from harnessrl.trainer.sft import SftConfig, sft
 
     console = Console()

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, relay, run_limited
 from harnessrl.app.sandbox.caps import pids_base
+from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, relay, run_limited
 from harnessrl.app.scoring.workspace import CodingTask, fresh_workspace
 from harnessrl.harness_examples.coding.tasks import generate
 

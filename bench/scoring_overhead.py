@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnessrl.app.scoring import hidden_tests as scoring
 from harnessrl.app.rollouts.limited_run import RolloutFlags, coding_tasks
 from harnessrl.app.sandbox.run import HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.scoring import hidden_tests as scoring
 from harnessrl.app.scoring.workspace import fresh_workspace, lay, score
 from harnessrl.harness_examples.coding.tasks import write
 from harnessrl.tasks_file import read_tasks

@@ -4,8 +4,8 @@
 `workspace` — the repository the harness works in — and `hidden_tests`, laid over it only for
 the reward; each is a folder (relative to the tasks file) or an inline {relative path: text}
 object. Optional `reward_cmd`: the shell line that scores it (default: pytest on the hidden
-tests; app/scoring.py); optional `solution`: the workspace paths the agent may change, the only
-ones scored (default: the workspace's top-level packages; app/clean_room.py). Read by
+tests; app/scoring/hidden_tests.py); optional `solution`: the workspace paths the agent may change, the only
+ones scored (default: the workspace's top-level packages; app/scoring/clean_room.py). Read by
 `harnessrl tasks import` (compiler), `sft` and PACT (trainer) and user harnesses in `loop` (app):
 one parser, one set of rules.
 """

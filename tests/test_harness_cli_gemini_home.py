@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.app.rollouts.codex_home import codex_home
+from harnessrl.app.rollouts.command import RunOptions
 from harnessrl.app.rollouts.gemini_home import strip_comments, write_gemini_home
-from harnessrl.app.rollouts.run_cmd import RunOptions, run_command
+from harnessrl.app.rollouts.run_cmd import run_command
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

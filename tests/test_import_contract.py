@@ -203,3 +203,109 @@ def test_the_app_and_core_imports_that_are_allowed():
     assert violations("from harnessrl.client import HarnessRL\n", "harnessrl.harness_examples.chat") == []
     assert violations("from harnessrl.compiler.trees import build_forest\n", "harnessrl.viewer.rollout") == []
     assert violations("from harnessrl.viewer.app import create_viewer\n", "harnessrl.app.cli") == []
+
+
+# The app layer in rooms (docs/architecture.md, "The app layer's rooms"): no module of harnessrl.app
+# imports, however indirectly, one that imports it back, and neither does a room (loop/, rollouts/,
+# sandbox/, scoring/) with another: each room reads only the rooms below it.
+
+def import_graph(modules: dict[str, tuple[str, bool]]) -> dict[str, dict[str, str]]:
+    """module → {module of `modules` it imports: "module:line" of the first such import}, from
+    `modules` (name → (source, is_package)); top-level and function-level imports alike."""
+    graph: dict[str, dict[str, str]] = {}
+    for name, (source, is_package) in sorted(modules.items()):
+        edges = graph.setdefault(name, {})
+        for line, target in imports_of(source, name, is_package):
+            if target in modules and target != name:
+                edges.setdefault(target, f"{name}:{line}")
+    return graph
+
+
+def room_graph(graph: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The same imports between rooms: harnessrl.app.<room>.x is in harnessrl.app.<room>; a module
+    directly under harnessrl.app (cli, demo) is a room of its own."""
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:3])
+
+    rooms: dict[str, dict[str, str]] = {}
+    for name, edges in sorted(graph.items()):
+        mine = rooms.setdefault(room(name), {})
+        for target, where in sorted(edges.items()):
+            if room(target) != room(name):
+                mine.setdefault(room(target), where)
+    return rooms
+
+
+def first_cycle(graph: dict[str, dict[str, str]]) -> str | None:
+    """The first circle a depth-first walk in name order meets, as `a → b → a (a:3, b:7)` (where each
+    import is), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        path.append(node)
+        for target in sorted(graph.get(node, {})):
+            if found := walk(target):
+                return found
+        path.pop()
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if cycle := walk(start):
+            where = ", ".join(graph[a][b] for a, b in zip(cycle, cycle[1:]))
+            return f"{' → '.join(cycle)} ({where})"
+    return None
+
+
+def app_graph(repo: Path) -> dict[str, dict[str, str]]:
+    return import_graph({name: (file.read_text(), pkg) for name, file, pkg in tree_modules(repo)
+                         if name == "harnessrl.app" or name.startswith("harnessrl.app.")})
+
+
+def test_the_app_layer_has_no_import_circle():
+    graph = app_graph(REPO)
+    # the walk sees the rooms' imports (an empty graph would pass vacuously)
+    assert graph["harnessrl.app.rollouts.limited_run"]["harnessrl.app.sandbox.run"].startswith(
+        "harnessrl.app.rollouts.limited_run:")
+    rooms = room_graph(graph)
+    assert {"harnessrl.app.loop", "harnessrl.app.rollouts", "harnessrl.app.scoring"} <= set(rooms)
+    assert "harnessrl.app.sandbox" in rooms["harnessrl.app.scoring"]
+    circle = first_cycle(graph)
+    assert circle is None, f"import circle in the app layer: {circle}"
+    circle = first_cycle(room_graph(graph))
+    assert circle is None, f"import circle between the app layer's rooms: {circle}"
+
+
+def test_a_circle_through_a_function_level_import_is_found_and_named():
+    graph = import_graph({
+        "harnessrl.app.rollouts": ("", True),
+        "harnessrl.app.rollouts.a": ("import os\nfrom harnessrl.app.rollouts.b import f\n", False),
+        "harnessrl.app.rollouts.b": ("def f():\n    from . import c\n", False),
+        "harnessrl.app.rollouts.c": ("from harnessrl.app.rollouts import a\nfrom harnessrl.errors import UserError\n",
+                                     False),
+    })
+    # c's `from harnessrl.app.rollouts import a` is an import of the package too (line 1 of c)
+    assert graph["harnessrl.app.rollouts.c"] == {"harnessrl.app.rollouts": "harnessrl.app.rollouts.c:1",
+                                                 "harnessrl.app.rollouts.a": "harnessrl.app.rollouts.c:1"}
+    assert first_cycle(graph) == (
+        "harnessrl.app.rollouts.a → harnessrl.app.rollouts.b → harnessrl.app.rollouts.c → harnessrl.app.rollouts.a "
+        "(harnessrl.app.rollouts.a:2, harnessrl.app.rollouts.b:2, harnessrl.app.rollouts.c:1)")
+
+
+def test_a_circle_between_rooms_is_found_where_no_module_circle_is():
+    graph = import_graph({
+        "harnessrl.app.rollouts.run": ("from harnessrl.app.sandbox.limits import Limits\n", False),
+        "harnessrl.app.sandbox.limits": ("LIMITS = 1\n", False),
+        "harnessrl.app.sandbox.launch": ("\n\ndef go():\n    from harnessrl.app.rollouts.keys import key\n", False),
+        "harnessrl.app.rollouts.keys": ("KEY = 1\n", False),
+        "harnessrl.app.cli": ("from harnessrl.app.rollouts import run\n", False),
+    })
+    assert first_cycle(graph) is None
+    assert first_cycle(room_graph(graph)) == (
+        "harnessrl.app.rollouts → harnessrl.app.sandbox → harnessrl.app.rollouts "
+        "(harnessrl.app.rollouts.run:1, harnessrl.app.sandbox.launch:4)")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, relay, run_limited
 from harnessrl.app.sandbox.caps import OUTPUT_TAIL, pids_base
+from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, relay, run_limited
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="bubblewrap is not installed")
 DISK, PROCS = 8 << 20, 48
@@ -335,8 +335,8 @@ def test_links_the_agent_made_come_back_as_links_and_nothing_is_written_through_
 
 
 def test_as_root_without_a_pids_cgroup_a_process_cap_is_an_error_not_a_run_without_one(monkeypatch):
-    from harnessrl.app.sandbox import run as sandbox
     from harnessrl.app.rollouts.cli import rollout_flags
+    from harnessrl.app.sandbox import run as sandbox
     from harnessrl.errors import UserError
 
     monkeypatch.setattr(sandbox, "pids_base", lambda: None)

@@ -17,7 +17,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from harnessrl.app.rollouts.run_cmd import RunOptions, owned_proxy, run_command
+from harnessrl.app.rollouts.command import RunOptions
+from harnessrl.app.rollouts.run_cmd import owned_proxy, run_command
 from harnessrl.client import HarnessRL, HarnessRLError
 from harnessrl.proxy.server import ProxyConfig, run_proxy
 from harnessrl.viewer.app import create_viewer, standalone

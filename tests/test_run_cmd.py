@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.app.rollouts.cmd_harness import fill
+from harnessrl.app.rollouts.command import outcome_of
 from harnessrl.app.rollouts.intercept import find_mitmdump, read_hosts
-from harnessrl.app.rollouts.run_cmd import outcome_of
 from harnessrl.db import open_db
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig, run_proxy

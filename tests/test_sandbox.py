@@ -1,4 +1,4 @@
-"""The per-rollout sandbox (app/sandbox.py) on the real bubblewrap: what a command in it can and
+"""The per-rollout sandbox (app/sandbox/run.py) on the real bubblewrap: what a command in it can and
 cannot reach, write and read, and that a timeout kills its whole process tree."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import typer
 from harnessrl.console import Console
 
 import harnessrl
-from harnessrl.app.rollouts import cli as cli_tracing
 from harnessrl.app.demo_config import ALGO as DEMO_ALGO, GROUP as DEMO_GROUP, ROUNDS as DEMO_ROUNDS
 from harnessrl.app.demo_config import SFT_STEPS as DEMO_SFT_STEPS
 from harnessrl.app.loop.config import CMD, LoopConfig, Teacher
+from harnessrl.app.rollouts import cli as rollouts_cli
 from harnessrl.cli_options import algo_option, from_config, records_db_option
 from harnessrl.compiler import cli as compiler_cli
 from harnessrl.errors import UserError
@@ -82,26 +82,26 @@ def db_upgrade(
 def loop(
     cfg: LoopConfig,
     teacher: Teacher,
-    # the per-rollout limits of --cmd: `run`'s options (cli_tracing), with the loop's own timeout default
-    sandbox: str = typer.Option(None, "--sandbox", rich_help_panel=CMD, help="--cmd: " + cli_tracing.SANDBOX_HELP),
+    # the per-rollout limits of --cmd: `run`'s options (rollouts_cli), with the loop's own timeout default
+    sandbox: str = typer.Option(None, "--sandbox", rich_help_panel=CMD, help="--cmd: " + rollouts_cli.SANDBOX_HELP),
     timeout: float = typer.Option(1800, "--timeout", rich_help_panel=CMD, help="--cmd: seconds a rollout's "
                                   "command may run; then its whole process tree is killed and the rollout fails."),
-    memory: str = typer.Option("8G", "--memory", rich_help_panel=CMD, help="--cmd: " + cli_tracing.MEMORY_HELP),
-    cpu_time: int = typer.Option(3600, "--cpu-time", rich_help_panel=CMD, help="--cmd: " + cli_tracing.CPU_HELP),
-    max_procs: int = cli_tracing.cap_option("procs", CMD, "--cmd: "),
-    file_size: str = cli_tracing.cap_option("file_size", CMD, "--cmd: "),
-    disk: str = cli_tracing.cap_option("disk", CMD, "--cmd: "),
-    max_output: str = cli_tracing.cap_option("output", CMD, "--cmd: "),
+    memory: str = typer.Option("8G", "--memory", rich_help_panel=CMD, help="--cmd: " + rollouts_cli.MEMORY_HELP),
+    cpu_time: int = typer.Option(3600, "--cpu-time", rich_help_panel=CMD, help="--cmd: " + rollouts_cli.CPU_HELP),
+    max_procs: int = rollouts_cli.cap_option("procs", CMD, "--cmd: "),
+    file_size: str = rollouts_cli.cap_option("file_size", CMD, "--cmd: "),
+    disk: str = rollouts_cli.cap_option("disk", CMD, "--cmd: "),
+    max_output: str = rollouts_cli.cap_option("output", CMD, "--cmd: "),
     reward_cmd: str = typer.Option(None, "--reward-cmd", rich_help_panel=CMD,
-                                   help="--cmd: " + cli_tracing.REWARD_CMD_HELP),
+                                   help="--cmd: " + rollouts_cli.REWARD_CMD_HELP),
     reward_mode: str = typer.Option("pass-fraction", "--reward-mode", rich_help_panel=CMD,
-                                    help="--cmd: " + cli_tracing.REWARD_MODE_HELP),
+                                    help="--cmd: " + rollouts_cli.REWARD_MODE_HELP),
 ) -> None:
     """Train a harness round after round; resumable (state in OUT/loop_state.json)."""
     from harnessrl.app.loop.sync import run_loop
 
     cfg.teacher = teacher if teacher.url else None
-    cfg.cmd_flags = cli_tracing.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode, max_procs,
+    cfg.cmd_flags = rollouts_cli.rollout_flags(sandbox, timeout, memory, cpu_time, reward_cmd, reward_mode, max_procs,
                                               file_size, disk, max_output)
     run_loop(cfg)
 
@@ -177,7 +177,7 @@ def _viewer(db: str, tokenizer: str | None, api_key: str | None):
 
 
 proxy_cli.register(app, ui=_viewer)
-cli_tracing.register(app)
+rollouts_cli.register(app)
 for _part in (compiler_cli, trainer_cli, viewer_cli):
     _part.register(app)
 

@@ -1,1 +1,1 @@
-"""Running one rollout and where it runs: the harness registry, a command under limits, executors local and Ray, tracing from outside."""
+"""One rollout and where it runs: the harness registry, a command under limits, local and Ray executors, tracing."""

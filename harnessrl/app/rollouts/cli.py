@@ -154,8 +154,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD as one rollout: base-URL variables (and a Codex provider, CODEX_HOME) and
         (default) interception set, outcome reported, rollout finished; exits with CMD's exit code."""
+        from harnessrl.app.rollouts.command import REWARD_SOURCES, RunOptions
         from harnessrl.app.rollouts.intercept import InterceptConfig, read_hosts
-        from harnessrl.app.rollouts.run_cmd import REWARD_SOURCES, RunOptions, run_command
+        from harnessrl.app.rollouts.run_cmd import run_command
         from harnessrl.app.sandbox.run import db_files
 
         group_id = renamed(group_id, group_old, "--group", "--group-id")

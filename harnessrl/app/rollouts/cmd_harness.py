@@ -27,10 +27,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harnessrl.app.rollouts.command import REWARD_SOURCES, RunOptions
 from harnessrl.app.rollouts.harnesses import HarnessTasks, TaskSource, split_tasks
 from harnessrl.app.rollouts.intercept import InterceptConfig, Interceptor, start_intercept
 from harnessrl.app.rollouts.limited_run import RolloutFlags, coding_tasks, limits_for
-from harnessrl.app.rollouts.run_cmd import REWARD_SOURCES, RunOptions, run_in_rollout
+from harnessrl.app.rollouts.run_cmd import run_in_rollout
 from harnessrl.app.sandbox.run import ROOT
 from harnessrl.client import HarnessRL, Rollout
 from harnessrl.errors import UserError

@@ -3,11 +3,11 @@
 The rules a user training coding agents relies on (docs/coding.md, "Sandbox and rewards" and
 "What the reward trusts"):
 - the command runs with its working directory the rollout's workspace (a fresh copy of the
-  task's, or `RunOptions.workspace`), under `Limits` (sandbox.py), to its end or its timeout;
+  task's, or `RunOptions.workspace`), under `Limits` (sandbox/run.py), to its end or its timeout;
 - a command that exits non-zero or times out is a failed rollout: no outcome is recorded (its
   tests are not run: an agent that crashed after a lucky edit is not a success), and the rollout
   is finished as failed with the reason, which compile leaves out;
-- a command that ran to its end is scored after its sandbox is gone (scoring.py): the agent's
+- a command that ran to its end is scored after its sandbox is gone (scoring/hidden_tests.py): the agent's
   solution surface in a clean copy of the task's workspace, the hidden tests in a fresh sandbox,
   the reward from a signed per-test report (or the task's own reward command), with the test
   output as the reward's metadata. Whatever the policy's code does to the test run scores at
@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from harnessrl.app.scoring.clean_room import solution_surface
-from harnessrl.app.rollouts.run_cmd import RunOptions, RunResult, outcome_of, reward_file_of
+from harnessrl.app.rollouts.command import RunOptions, RunResult, outcome_of, reward_file_of
 from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
+from harnessrl.app.scoring.clean_room import solution_surface
 from harnessrl.app.scoring.hidden_tests import known_for_all, reference_tree, score_in_place, score_rollout
 from harnessrl.app.scoring.workspace import REWARD_MODES, CodingTask, check_tree, fresh_workspace
 from harnessrl.client import Rollout

@@ -14,60 +14,30 @@ coding task's tests), the rollout is created `outcome_by: scorer`, so that key c
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
 import httpx
 
 from harnessrl.app.rollouts.codex_home import KEY_ENV, codex_home
+from harnessrl.app.rollouts.command import RunOptions, RunResult, check_reward_from, outcome_of, reward_file_of
 from harnessrl.app.rollouts.gemini_home import HOME_ENV as GEMINI_HOME_ENV, write_gemini_home
 from harnessrl.app.rollouts.intercept import InterceptConfig, Interceptor, ca_dir, find_mitmdump, start_intercept
-from harnessrl.app.sandbox.run import Limits
-from harnessrl.app.scoring.workspace import CodingTask
+from harnessrl.app.rollouts.limited_run import run_limited_rollout
 from harnessrl.client import OPERATOR_KEY_ENV, HarnessRL, HarnessRLError, Rollout, forget_key, remember_key
 from harnessrl.console import Console
 from harnessrl.errors import UserError
 
-REWARD_SOURCES = ("exit-code", "stdout-json")  # or a file path
 # the operator's keys (the proxy's, the viewer's): never in a rollout's environment
 OPERATOR_ENV = (OPERATOR_KEY_ENV, "HARNESSRL_UI_API_KEY")
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
-
-
-@dataclass
-class RunOptions:
-    task: str | None = None
-    group: str | None = None
-    run: str | None = None
-    agent: str = "main"
-    reward_from: str | None = None  # exit-code | stdout-json | a file the command writes its outcome to
-    metadata: dict | None = None
-    limits: Limits | None = None  # timeout, memory, CPU, sandbox (sandbox.py, limited_run.py); None: the command runs as it is
-    coding: CodingTask | None = None  # a workspace to copy fresh and hidden tests to score it
-    workspace: Path | None = None  # without `coding`: the folder a limited command runs (and may write) in
-    reward_cmd: str | None = None  # scores the workspace after the command (default: the task's, or pytest)
-    reward_mode: str = "pass-fraction"
-    readable: tuple[Path, ...] = ()  # host folders a sandboxed command reads (e.g. its {task} file's)
-    hidden: tuple[Path, ...] = ()  # host paths a sandboxed command must not read (the loop's --out, the records DB)
-
-
-@dataclass
-class RunResult:
-    rollout_id: str
-    exit_code: int
-    outcome: float | None
-    warnings: list[str] = field(default_factory=list)
-    error: str | None = None  # what went wrong (crash, timeout, refused calls); with no outcome, finished as failed
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def proxy_key() -> str | None:
@@ -119,51 +89,6 @@ def rollout_env(ro: Rollout, proxy_url: str, agent: str, interceptor: Intercepto
     if interceptor is not None:
         env.update(interceptor.env(key))
     return env
-
-
-def _reward_from_text(text: str) -> float | None:
-    """`0.7`, or a JSON object with a numeric "reward"."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(value, dict):
-        value = value.get("reward")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def check_reward_from(source: str | None) -> None:
-    if source is not None and not source.strip():
-        raise UserError(f"--reward-from: use {' | '.join(REWARD_SOURCES)} | FILE")
-
-
-def outcome_of(source: str | None, code: int, last_line: str | None, reward_file: Path | None) -> tuple[float | None, str | None]:
-    """(outcome, warning) of a finished command."""
-    if source is None:
-        return None, None
-    if source == "exit-code":
-        return (1.0 if code == 0 else 0.0), None
-    if source == "stdout-json":
-        value = _reward_from_text(last_line or "")
-        return value, None if value is not None else 'the last line of stdout holds no reward (want 0.7 or {"reward": 0.7})'
-    assert reward_file is not None
-    value = _reward_from_text(_read_reward_file(reward_file))
-    return value, None if value is not None else f"{reward_file} holds no reward (want 0.7 or {{\"reward\": 0.7}})"
-
-
-def _read_reward_file(path: Path) -> str:
-    """The reward file's text, never through a link the command made (it could point the host at
-    another rollout's file) and never more than a reward's worth of bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # missing, or a link
-        return ""
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return ""
-        return f.read(4096).decode(errors="replace").strip()
 
 
 def _execute(cmd: list[str] | str, env: dict[str, str], stdout: IO | None, tee_last_line: bool) -> tuple[int, str | None]:
@@ -230,22 +155,10 @@ def _run_and_score(ro: Rollout, proxy_url: str, cmd, opts: RunOptions, intercept
         # Gemini CLI takes GOOGLE_GEMINI_BASE_URL only with API-key auth selected in its settings
         env[GEMINI_HOME_ENV] = str(write_gemini_home(home, env))
         if opts.limits is not None:
-            from harnessrl.app.rollouts.limited_run import run_limited_rollout  # it imports this module's helpers
-
             urls = [proxy_url] + ([interceptor.url] if interceptor is not None else [])
             return run_limited_rollout(ro, cmd, opts, env, stdout, urls, home)
         code, outcome, warning = _score(ro, cmd, opts, env, stdout)
         return RunResult(ro.id, code, outcome, [warning] if warning else [])
-
-
-def reward_file_of(opts: RunOptions, env: dict[str, str]) -> Path | None:
-    """`--reward-from FILE`: the file (a stale one removed), its path in $HARNESSRL_REWARD_FILE."""
-    if opts.reward_from in (None, *REWARD_SOURCES):
-        return None
-    reward_file = Path(opts.reward_from).resolve()
-    reward_file.unlink(missing_ok=True)  # a stale outcome must not be taken for this run's
-    env["HARNESSRL_REWARD_FILE"] = str(reward_file)
-    return reward_file
 
 
 def _score(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],

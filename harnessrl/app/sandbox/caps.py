@@ -1,4 +1,4 @@
-"""The host side of a rollout's resource caps (sandbox.py): a pids cgroup, the output the host
+"""The host side of a rollout's resource caps (run.py): a pids cgroup, the output the host
 keeps, and the workspace a sandbox hands back.
 
 Processes: RLIMIT_NPROC is not a cap for root (the kernel exempts uid 0, also inside a user

@@ -1,11 +1,11 @@
 """The launcher a limited rollout command runs under (inside bubblewrap, or alone with `--sandbox none`).
 
-    python -I sandbox_launch.py [--data BYTES] [--cpu SECONDS] [--fsize BYTES] [--nproc N]
+    python -I launch.py [--data BYTES] [--cpu SECONDS] [--fsize BYTES] [--nproc N]
         [--relay PORT=SOCKET ...] [--seed DIR --workspace DIR --export-fd FD --scan DIR ...] -- ARGV...
 
 It sets the per-process limits (inherited by everything the command starts), listens on
 127.0.0.1:PORT for each relay and pipes every connection to the unix SOCKET that the host side
-(`sandbox.HostRelay`) bind-mounted in, runs ARGV and exits with its status. In a sandbox without a
+(`run.HostRelay`) bind-mounted in, runs ARGV and exits with its status. In a sandbox without a
 network this is the only way out, and it leads to the proxy alone. With `--export-fd` (only ever
 given inside bubblewrap, where it is pid 2 of its own pid namespace) it first copies the read-only
 SEED into the size-capped WORKSPACE, and after ARGV ends kills every other process of the

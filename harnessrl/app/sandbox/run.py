@@ -4,7 +4,7 @@
 few host paths its harness must write, e.g. CODEX_HOME), a private HOME and TMPDIR, its own
 process tree (`--unshare-pid`: when the sandbox's first process dies, every process in it dies)
 and no network but a relay to the proxy: `HostRelay` listens on a unix socket per endpoint (the
-proxy, mitmdump), bind-mounted into the sandbox, where `sandbox_launch.py` listens on 127.0.0.1
+proxy, mitmdump), bind-mounted into the sandbox, where `launch.py` listens on 127.0.0.1
 at the endpoint's port. Base URLs on 127.0.0.1 therefore work unchanged; any other host or port
 is unreachable. Hidden: the other rollouts' workspaces, every `Mounts.hidden` path (the tasks
 file's folder, task folders, the loop's output, the records DB; a folder that holds the Python
@@ -13,7 +13,7 @@ generator. `--sandbox none` runs the command in its own process group, killed as
 timeout. Both get per-process memory (RLIMIT_DATA: what a process writes, not the address space
 V8 or the JVM reserve), CPU (RLIMIT_CPU) and file-size (RLIMIT_FSIZE) limits, a cap on the
 rollout's processes and on the output the host keeps; in a sandbox the workspace, HOME and
-TMPDIR share one size-capped tmpfs and /dev/shm is capped too (sandbox_caps.py).
+TMPDIR share one size-capped tmpfs and /dev/shm is capped too (caps.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ test cannot write (docs/coding.md, "What the reward trusts").
   solution surface (clean_room.py) and the hidden tests, and the tests run in a fresh sandbox
   under the rollout's limits: no route to the proxy, a fresh HOME and TMPDIR, an environment of
   PATH and LANG only (no key, no PYTHONPATH), the task files hidden as for the harness.
-- **Signed result.** The runner (scoring_runner.py, `python -I -B`, explicit `-c`/`--rootdir`/
+- **Signed result.** The runner (runner.py, `python -I -B`, explicit `-c`/`--rootdir`/
   `--confcutdir`, `-p no:cacheprovider`, no plugin autoload) reads a one-time key from a file it
   unlinks before pytest starts and writes per-test outcomes signed with it. The reward counts the
   known tests that passed every phase; a missing or badly signed report, an exit that is not
@@ -38,8 +38,8 @@ from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from harnessrl.app.scoring.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
 from harnessrl.app.sandbox.run import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.scoring.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
 from harnessrl.app.scoring.workspace import OUTPUT_KEPT, CodingTask, TestOutcome, lay, score
 from harnessrl.errors import UserError
 

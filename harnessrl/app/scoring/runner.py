@@ -1,6 +1,6 @@
-"""The hidden tests' runner in the clean room (scoring.py), run by path in a fresh sandbox:
+"""The hidden tests' runner in the clean room (hidden_tests.py), run by path in a fresh sandbox:
 
-    python -I scoring_runner.py IO_DIR WORKSPACE -- PYTEST_ARGS...
+    python -I runner.py IO_DIR WORKSPACE -- PYTEST_ARGS...
 
 Standard library and pytest only, never imported by harnessrl. `-I`: no PYTHONPATH, no user
 site, neither the working directory nor this file's folder on sys.path, so nothing in the
@@ -8,7 +8,7 @@ workspace can stand in for pytest or its plugins. Before pytest starts — so be
 workspace's code runs — it reads the scorer's one-time file IO_DIR/nonce (a random key and the
 report's random name), unlinks it and opens the report file, keeping the descriptor. Only then is
 the workspace put on sys.path (first, as `python -m pytest` would have it: its top level is the
-task's own, scoring.py laid it) and pytest run with `Reporter` as a plugin object: the collected
+task's own, hidden_tests.py laid it) and pytest run with `Reporter` as a plugin object: the collected
 node ids and each test's outcome per phase, from pytest's own reports. At the end the report is
 written, signed with HMAC-SHA256 under the key, and the process leaves at once with pytest's exit
 status (`os._exit`: no atexit hook of the code under test runs after it).

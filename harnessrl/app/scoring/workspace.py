@@ -2,9 +2,9 @@
 
 A task's `workspace` and `hidden_tests` (tasks_file.py) are trees: a folder, or an inline
 {relative path: text} object. Each rollout gets a fresh copy of the workspace under
-`sandbox.ROOT` (created where the rollout runs: a Ray node needs no shared folder with inline
-trees). After the harness has exited, scoring.py scores it in a clean room. With the default
-runner the reward comes from a signed per-test report (scoring.py); a task's own `reward_cmd` (or
+`sandbox.run.ROOT` (created where the rollout runs: a Ray node needs no shared folder with inline
+trees). After the harness has exited, hidden_tests.py scores it in a clean room. With the default
+runner the reward comes from a signed per-test report (hidden_tests.py); a task's own `reward_cmd` (or
 `--reward-cmd`) is scored here from its output: the pass fraction of its pytest summary line, or
 all-pass (1 only if the command exits 0 and no test failed), or by its exit code when it prints
 no pytest summary. The output's tail goes with the reward as its metadata, which the viewer shows.
