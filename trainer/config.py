@@ -16,6 +16,7 @@ from harnessrl.errors import UserError
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean", "prompt_mean")
 PACT_GATES = ("epoch", "step")
 RATIO_TO = ("round", "step", "behaviour")
+TIS_MODES = ("truncate", "mask")
 CAPO_UNITS = ("heads_mlp", "mlp")
 CAPO_REMAINDERS = ("shared", "leak")
 OVER_LENGTH = ("truncate", "skip")
@@ -56,8 +57,12 @@ class TrainConfig:
         None, panel=TRAINING, help="token_mean | seq_mean | rollout_mean | prompt_mean (default: the algorithm's "
         "paper's: rollout_mean for matpo, prompt_mean for pact, token_mean otherwise).")
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
-    tis: bool = False  # truncated importance sampling with the recorded behaviour log-probs
-    tis_cap: float = 2.0
+    # the behaviour weight π_old/π_behaviour with the recorded sampling log-probs (docs/methods.md §6.5):
+    # the asynchronous loop's correction for tokens sampled by older weights
+    tis: bool = False
+    tis_cap: float = 2.0  # C
+    # truncate: min(w, C) (TIS); mask: 0 where w > C (MIS, AReaL's behav_imp_weight_cap)
+    tis_mode: str = "truncate"
     # logp_old of the ratio (docs/methods.md §6): "round" = the policy at the start of this run (the
     # loop's round) before its first optimizer step, so the ε clip bounds how far the run's steps move
     # each token (PPO's); "behaviour" = the recorded sampling log-probs; "step" = the policy at the
@@ -143,6 +148,10 @@ class TrainConfig:
 
         if self.optim not in {o.value for o in OptimizerNames}:
             raise UserError(f"unknown optim {self.optim!r} (transformers' optimizer names, e.g. adamw_torch, sgd)")
+        if self.tis_mode not in TIS_MODES:
+            raise UserError(f"unknown tis_mode {self.tis_mode!r}; choose one of {', '.join(TIS_MODES)}")
+        if not self.tis_cap >= 1.0:
+            raise UserError(f"tis_cap must be at least 1 (an on-policy token weighs 1), got {self.tis_cap}")
         if self.ratio_to not in RATIO_TO:
             raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
         if self.capo_units not in CAPO_UNITS or self.capo_remainder not in CAPO_REMAINDERS:

@@ -272,23 +272,41 @@ class HarnessTrainer(GRPOTrainer):
         return packed_logps(self, model, inputs["packed"], compute_entropy=True)
 
     def per_token_loss(self, logps: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clipped surrogate × truncated-IS weight + β·KL, per token; also returns logp_old."""
+        """Clipped surrogate × behaviour weight + β·KL, per token (§6, §6.5); also returns logp_old."""
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
+        behaviour, mask = inputs["behaviour_logps"], inputs["loss_mask"]
+        known = mask * ~torch.isnan(behaviour)  # trained tokens with a recorded sampling log-prob
+        self.log_behaviour_gap(old, behaviour, mask, known)
         if self.cfg.ratio_to == "behaviour":
-            behaviour = inputs["behaviour_logps"]
             old = torch.where(torch.isnan(behaviour), old, behaviour)  # unknown where the server sent none
         adv = inputs["advantages"]
         if self.cfg.negative_weight != 1.0:
             adv = torch.where(adv < 0, adv * self.cfg.negative_weight, adv)
         loss = clipped_surrogate(logps, old, adv, self.epsilon_low, self.epsilon_high)
         if self.cfg.tis:
-            loss = loss * tis_weight(old, inputs["behaviour_logps"], self.cfg.tis_cap)
+            w = tis_weight(old, behaviour, self.cfg.tis_cap, self.cfg.tis_mode)
+            loss = loss * w
+            self._log_mean("behaviour/weight_mean", *masked_sums(w, mask))
+            capped = (torch.exp(old.detach() - behaviour) > self.cfg.tis_cap).float()  # NaN compares False
+            self._log_mean("behaviour/capped_frac", *masked_sums(capped, known))
         if self.beta != 0.0:
             kl = k3_kl(logps, inputs["ref_per_token_logps"])
             loss = loss + self.beta * kl
             self._log_mean("kl", *masked_sums(kl.detach(), inputs["loss_mask"]))
         return loss, old
+
+    def log_behaviour_gap(self, old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, known: torch.Tensor) -> None:
+        """How far the sampling (behaviour) policy lies from the proximal one (logp_old before ratio_to:
+        behaviour replaces it: the policy at the step's or round's start), over the trained tokens: the
+        share without a recorded log-prob (§6.5: weight 1), and over those with one the mean
+        |logp_old − logp_behaviour| and the largest exp(logp_old − logp_behaviour), before any cap."""
+        self._log_mean("behaviour/unknown_frac", (mask - known).sum(), mask.sum())
+        if not bool(known.any()):
+            return
+        gap = (old.detach() - behaviour)[known > 0]
+        self._log_mean("behaviour/abs_gap", gap.abs().sum(), gap.numel())
+        self._log_max("behaviour/raw_weight_max", gap.exp().max())
 
     def share(self, per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """This micro-batch's share of the step's loss (the shares of a step sum to its aggregate)."""
@@ -319,6 +337,10 @@ class HarnessTrainer(GRPOTrainer):
         steps up to the next log (trainer/diagnostics.py): token-weighted when num sums a token value
         and den counts the tokens, so it does not depend on the split; den = 1 averages per micro-batch."""
         self._diagnostics.add("train" if self.model.training else "eval", name, num, den)
+
+    def _log_max(self, name: str, value: torch.Tensor | float) -> None:
+        """A diagnostic logged as its largest value over the micro-batches and processes since the last log."""
+        self._diagnostics.add_max("train" if self.model.training else "eval", name, value)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         gather = None

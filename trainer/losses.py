@@ -2,7 +2,8 @@
 
 ρ = exp(logp_θ − logp_old);  ℓ = −min(ρA, clip(ρ, 1−ε_lo, 1+ε_hi)A);
 KL: k3 estimator exp(ref − logp) − (ref − logp) − 1 (TRL's);
-truncated IS: w = min(exp(logp_old − logp_behaviour), C), 1 where the behaviour log-prob is unknown."""
+behaviour weight (§6.5): w = exp(logp_old − logp_behaviour), truncated to min(w, C) or masked to 0 where
+w > C; 1 where the behaviour log-prob is unknown (the proximal policy stands in for the behaviour)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,16 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def tis_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Detached per-token weight; unknown behaviour log-probs (NaN) give weight 1."""
-    w = torch.exp(old_logp.detach() - behaviour_logp).clamp(max=cap)
+def tis_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float, mode: str = "truncate") -> torch.Tensor:
+    """Detached per-token weight π_old/π_behaviour: "truncate" min(w, cap) (TIS), "mask" w, or 0 where
+    w > cap (MIS: a token that far off the behaviour policy teaches nothing); NaN behaviour → 1."""
+    w = torch.exp(old_logp.detach() - behaviour_logp)
+    if mode == "truncate":
+        w = w.clamp(max=cap)
+    elif mode == "mask":
+        w = torch.where(w > cap, torch.zeros_like(w), w)
+    else:
+        raise ValueError(f"unknown tis_mode {mode!r}")
     return torch.where(torch.isnan(behaviour_logp), torch.ones_like(w), w)
 
 
