@@ -33,7 +33,8 @@ from rich.table import Table
 from transformers.utils import logging as hf_logging
 
 from harnessrl.app.rollouts.cmd_harness import cmd_harness
-from harnessrl.app.rollouts.executors import LocalExecutor, jobs_for, settle
+from harnessrl.app.rollouts.executors import LocalExecutor, run_batch
+from harnessrl.app.rollouts.jobs import jobs_for, settle
 from harnessrl.app.rollouts.harnesses import TaskSource
 from harnessrl.app.rollouts.limited_run import RolloutFlags
 from harnessrl.console import Console
@@ -49,7 +50,7 @@ def batch(url: str, tmp: Path, tasks: Path, n: int, concurrency: int, sandbox: s
     h = cmd_harness(agent, src, None, False, RolloutFlags(sandbox=sandbox, timeout=600))
     jobs = jobs_for(h, h.train[:n], 1, tag, 0.0)
     started = time.perf_counter()
-    results = LocalExecutor(concurrency, deadline=900).map(h.run, url, jobs, tag)
+    results = run_batch(LocalExecutor(concurrency, deadline=900), h.run, url, jobs, tag)
     seconds = time.perf_counter() - started
     settle(url, tag, results)
     return seconds, results

@@ -25,6 +25,9 @@ class Algorithm:
     # the compiler's process rewards (docs/methods.md §4) that the paper's objective uses beside the
     # outcome; () for an outcome-only paper. `--process` replaces them (`--process none`: outcome only).
     process: tuple[str, ...] = ()
+    # its gradients are routed by a static partition of the model's units, built once from the first
+    # successful rollouts and kept for the whole run (CAPO; trainer/capo_partition.py)
+    partition: bool = False
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
@@ -35,7 +38,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     # tool or sub-agent answered without an error). docs/methods.md §5 `harness`.
     Algorithm("capo", "harness", "central", "token_mean", "outcome + process rewards; action/args gradients routed to "
               "partitions of attention heads and MLP units",
-              ("tool_format", "dispatch_ok")),
+              ("tool_format", "dispatch_ok"), partition=True),
     Algorithm("matpo", "matpo", "all", "rollout_mean", "planner and worker samples in one batch, one model for every role"),
     Algorithm("pact", "matchtir", "central", "prompt_mean", "expert traces as privileged context plus component-aware SFT"),
 )}

@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 _PRINT_TABLES = """
 from harnessrl.app import demo
 from harnessrl.app.loop import sync as loop
-state = loop.LoopState(model="m", initial_eval=0.125)
+from harnessrl.app.loop.state import LoopState
+state = LoopState(model="m", initial_eval=0.125)
 state.rounds.append(dict(round=0, train_reward=0.5, train_success=0.5, tool_validity=1.0, eval_success=0.25,
                          tokens=123456, samples=48, failed=0, seconds=61.5, version="round-0-a1"))
 loop.Console().print(loop.round_table(state))

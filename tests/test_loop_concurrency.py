@@ -20,7 +20,8 @@ import pytest
 from sqlalchemy import select
 
 from harnessrl.app.rollouts.cmd_harness import cmd_harness
-from harnessrl.app.rollouts.executors import LocalExecutor, jobs_for, open_executor, settle
+from harnessrl.app.rollouts.executors import LocalExecutor, open_executor, run_batch
+from harnessrl.app.rollouts.jobs import jobs_for, settle
 from harnessrl.app.rollouts.harnesses import TaskSource
 from harnessrl.client import HarnessRL
 from harnessrl.compiler.pipeline import CompileOptions, Compiler
@@ -49,7 +50,7 @@ def test_rollouts_overlap_and_a_hung_one_is_failed_at_its_deadline(tmp_path, tin
     db = tmp_path / "runs.db"
     with run_proxy(ProxyConfig(db=str(db), backend="local", model=str(tiny_model_dir), port=0)) as proxy:
         started = time.monotonic()
-        results = LocalExecutor(concurrency=5, deadline=40).map(h.run, proxy.url, jobs, "rollouts")
+        results = run_batch(LocalExecutor(concurrency=5, deadline=40), h.run, proxy.url, jobs, "rollouts")
         assert time.monotonic() - started < 120  # the round did not wait on the hung rollout
         assert [r.error for r in results[:4]] == [None] * 4, [r.error for r in results]
         assert all(r.rollout_id and r.outcome in (0.0, 1.0) for r in results[:4])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harnessrl.app.loop.sync import _summary
+from harnessrl.app.loop.stages import summary as _summary
 from harnessrl.harness_examples.chat import RolloutResult
 
 pytestmark = pytest.mark.unit

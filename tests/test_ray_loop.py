@@ -93,7 +93,8 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
 
 def test_a_hung_ray_rollout_is_cancelled_at_its_deadline_and_failed(cluster, tiny_model_dir, tmp_path):
     from harnessrl.app.rollouts.cmd_harness import cmd_harness
-    from harnessrl.app.rollouts.executors import jobs_for, settle
+    from harnessrl.app.rollouts.executors import run_batch
+    from harnessrl.app.rollouts.jobs import jobs_for, settle
     from harnessrl.app.rollouts.harnesses import TaskSource
     from harnessrl.app.rollouts.ray_rollouts import RayExecutor
     from harnessrl.client import HarnessRL
@@ -111,7 +112,7 @@ def test_a_hung_ray_rollout_is_cancelled_at_its_deadline_and_failed(cluster, tin
     try:
         with run_proxy(ProxyConfig(db=str(tmp_path / "runs.db"), backend="local", model=str(tiny_model_dir),
                                    port=0, host=ex.proxy_host)) as proxy:
-            results = ex.map(h.run, proxy.url, jobs_for(h, h.train + h.eval, 1, tag, 1.0), "rollouts")
+            results = run_batch(ex, h.run, proxy.url, jobs_for(h, h.train + h.eval, 1, tag, 1.0), "rollouts")
             assert results[0].error is None and results[0].rollout_id
             assert results[1].rollout_id == "" and "90 s rollout deadline" in results[1].error
             # the cancelled task's worker may finish its rollout as failed itself before settle looks

@@ -334,7 +334,8 @@ def test_end_to_end_a_waiting_agent_a_hidden_tests_link_and_the_fix(task, live, 
 
 @pytest.mark.ray
 def test_under_ray_an_attack_scores_no_more_than_nothing_and_the_fix_1(task, live):
-    from harnessrl.app.rollouts.executors import Job
+    from harnessrl.app.rollouts.executors import run_batch
+    from harnessrl.app.rollouts.jobs import Job
     from harnessrl.app.rollouts.ray_rollouts import RayExecutor
 
     nothing = task["nothing"]
@@ -343,8 +344,8 @@ def test_under_ray_an_attack_scores_no_more_than_nothing_and_the_fix_1(task, liv
     fix = _harness(task, "fix", json.dumps(row.reference), "ray-fix")
     ex = RayExecutor(None, 2, 300)
     try:
-        [attacked] = ex.map(attack.run, live, [Job(row, row.id, "g-ray-a", "ray-a", 1.0)], "attack")
-        [fixed] = ex.map(fix.run, live, [Job(row, row.id, "g-ray-f", "ray-f", 1.0)], "fix")
+        [attacked] = run_batch(ex, attack.run, live, [Job(row, row.id, "g-ray-a", "ray-a", 1.0)], "attack")
+        [fixed] = run_batch(ex, fix.run, live, [Job(row, row.id, "g-ray-f", "ray-f", 1.0)], "fix")
     finally:
         ex.close()
     assert attacked.error is None and attacked.outcome <= nothing, attacked

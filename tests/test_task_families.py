@@ -173,7 +173,7 @@ def test_family_defaults_of_the_expert_mix(tmp_path):
 
 
 def test_group_success_counts_groups_with_a_success():
-    from harnessrl.app.loop.sync import _group_success
+    from harnessrl.app.loop.stages import group_success as _group_success
     from harnessrl.harness_examples.chat import RolloutResult
 
     def r(task, ok):
@@ -233,7 +233,7 @@ def test_tasks_family_writes_a_familys_tasks_and_refuses_an_unknown_one(tmp_path
 def test_train_log_means_the_trainers_metrics_over_its_steps():
     # the fair benchmark's "why": a round's logged diagnostics, averaged over its logged steps; the
     # closing summary (train_runtime, …), step counters and non-numbers are not metrics
-    from harnessrl.app.loop.sync import _train_log
+    from harnessrl.app.loop.stages import train_log as _train_log
 
     history = [{"loss": 0.5, "kl": 0.01, "grad_norm/act_withheld": 2.0, "step": 1, "epoch": 0.5},
                {"loss": 0.3, "kl": 0.03, "step": 2, "epoch": 1.0, "note": "x", "flag": True},

@@ -157,10 +157,11 @@ def test_pact_schedules_anneal_over_the_whole_training(pact_samples, tiny_model_
     lam, level = tr.schedule()
     assert lam == pytest.approx(0.56) and level == 2
     # `loop` places round r of R rounds of n steps at r·n of R·n: round 1 of 3 with 2 steps each
-    from harnessrl.app.loop.sync import _train_config
     from harnessrl.app.loop.config import LoopConfig
+    from harnessrl.app.loop.config import LoopConfig
+    from harnessrl.app.loop.stages import train_config
 
-    cfg = _train_config(LoopConfig(harness="toolbox", algo="pact", rounds=3, steps=2), tmp_path, str(tiny_model_dir), tmp_path, 1, None,
-                        str(tiny_model_dir))
+    cfg = train_config(LoopConfig(harness="toolbox", algo="pact", rounds=3, steps=2), tmp_path, str(tiny_model_dir),
+                       tmp_path, 1 * 2, 2, 8, None, str(tiny_model_dir))
     assert (cfg.pact_schedule_start, cfg.pact_schedule_steps) == (2, 6)
     assert cfg.ref_model == str(tiny_model_dir)  # the KL reference: the loop's initial model, every round

@@ -24,8 +24,9 @@ from sqlalchemy import func, select
 from transformers.utils import logging as hf_logging
 
 from harnessrl.app.demo_config import ALGO, BATCH, CONFUSE, DRILL, GROUP, ITEMS, RIGHT, ROUNDS, SFT_STEPS, TRACES
-from harnessrl.app.loop.sync import LoopState, run_loop
 from harnessrl.app.loop.config import LoopConfig
+from harnessrl.app.loop.state import LoopState
+from harnessrl.app.loop.sync import run_loop
 from harnessrl.console import Console
 from harnessrl.db import open_db
 from harnessrl.errors import UserError

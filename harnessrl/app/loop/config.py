@@ -1,5 +1,5 @@
 """`harnessrl loop`'s settings: each flag defined once, on its field, with its help
-(`harnessrl.cli_options`); `loop.py` runs them."""
+(`harnessrl.cli_options`); `sync.py` and `async_driver.py` run them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from harnessrl.app.rollouts.limited_run import RolloutFlags
 from harnessrl.cli_options import option
 
 HARNESS, TRAINING, ROLLOUTS, OUTPUT, TEACHER = "Harness", "Training", "Rollouts", "Records and output", "Teacher"
+ASYNC = "Asynchronous (--async)"
 CMD = "--cmd rollouts"  # the panel of the per-rollout limits, which the command defines with `run`'s
 
 
@@ -41,7 +42,8 @@ class Teacher:
 class LoopConfig:
     harness: str = option("", panel=HARNESS, help=harness_help())  # "" with `cmd`
     algo: str = option("grpo", panel=TRAINING, help=algo_help())
-    rounds: int = option(2, panel=TRAINING, help="Rounds of rollouts → compile → train → push → eval.")
+    rounds: int = option(2, panel=TRAINING, help="Rounds of rollouts → compile → train → push → eval (--async: "
+                         "--rounds × --steps optimizer steps in all).")
     group: int = option(4, "--group-size", deprecated=("--group",), panel=TRAINING,
                         help="Rollouts per training task per round (the GRPO group).")
     model: str = option("", required=True, panel=TRAINING, help="Model directory the first round starts from.")
@@ -56,7 +58,8 @@ class LoopConfig:
         None, panel=TRAINING, help="Process rewards compiled beside the outcome, comma-separated: tool_format, "
         "dispatch_ok, matchtir; none: outcome only (default: the --algo's paper's; capo: tool_format,dispatch_ok).")
     steps: int = option(2, panel=TRAINING, help="Optimizer steps per round.")
-    batch_size: int = option(8, panel=TRAINING, help="Samples per optimizer step.")
+    batch_size: int = option(8, panel=TRAINING, help="Samples per optimizer step (--async: a step takes whole groups, "
+                             "--groups-per-step).")
     lr: float = option(1e-4, panel=TRAINING, help="Learning rate.")
     temperature: float = option(1.0, panel=ROLLOUTS, help="Sampling temperature of training rollouts.")
     concurrency: int = option(8, panel=ROLLOUTS, help="Rollouts in flight at once.")
@@ -93,3 +96,15 @@ class LoopConfig:
         "backstop above the harness's own timeout; default: with --cmd twice --timeout + 120, else 3600).")
     # --cmd: each rollout's sandbox, timeout (`cmd_flags.timeout`), memory and CPU limits, test reward
     cmd_flags: RolloutFlags = field(default_factory=RolloutFlags)
+    # --async (loop/async_driver.py): rollouts, compile and training overlap, without rounds
+    async_: bool = option(False, "--async/--sync", panel=ASYNC, help="Rollouts keep running while the trainer trains "
+                          "on the groups that finished (docs/training.md, Asynchronous RL).")
+    groups_per_step: int = option(2, panel=ASYNC, help="Finished groups (a task's --group-size rollouts) per "
+                                  "optimizer step.")
+    push_every: int = option(1, panel=ASYNC, help="Optimizer steps between weight pushes.")
+    max_queued_steps: int = option(2, panel=ASYNC, help="Steps of finished groups that may wait for the trainer; "
+                                   "beyond that no new group starts.")
+    max_staleness: int = option(2, panel=ASYNC, help="Weight versions a trained token may lag the weights it trains: "
+                                "a group with an older one is dropped (0: on-policy).")
+    eval_every: int = option(0, panel=ASYNC, help="Optimizer steps between held-out evaluations on the version they "
+                             "pushed, pinned, beside training (0: at the end only).")

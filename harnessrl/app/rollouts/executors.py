@@ -1,73 +1,138 @@
-"""Where a loop's rollouts run: `--executor local` (the default: threads of the loop's process,
-`harness_examples.runner.run_many`) or `--executor ray` (each rollout a Ray task on any node of a
-Ray cluster, `ray_rollouts.py`). Both take the same jobs (task × sample), run each through the
-harness's runner (`HarnessTasks.run`), hand back one result per job in job order, and give a
-rollout up at its deadline: a backstop above the harness's own timeout, so that one hung rollout
-cannot hang the round. A rollout given up, or lost with its Ray node, is a result with an error
-and no rollout id: failed, never a 0 reward.
+"""Where a loop's rollouts run: `--executor local` (the default: threads of the loop's process) or
+`--executor ray` (each rollout a Ray task on any node of a Ray cluster, `ray_rollouts.py`).
 
-After a batch, `settle` finishes as `failed` every rollout of its run tag that the batch did not
-count: one given up at its deadline, one whose Ray node died before it finished (Ray ran the task
-again, which made a second rollout), one whose result was lost and redone. So each job has at most
-one counted rollout in the records, and compile (which skips failed rollouts) reads exactly those.
+Both hand out a `Flight`: the rollouts in flight on one proxy. The loop submits jobs (`jobs.Job`)
+to it as slots free and collects results as they finish, in any order; the synchronous loop's
+batch (`run_batch`) is the same, waiting for all. Each job runs through the harness's runner
+(`HarnessTasks.run`), and a rollout is given up at its deadline: a backstop above the harness's
+own timeout, so that one hung rollout cannot hang the loop. A rollout given up, or lost with its
+Ray node, is a result with an error and no rollout id (`jobs.lost`): failed, never a 0 reward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+import threading
+import time
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harnessrl.app.rollouts.harnesses import HarnessTasks, Runner
-from harnessrl.client import HarnessRL
+from rich.progress import Progress
+
+from harnessrl.app.rollouts.harnesses import Runner
+from harnessrl.app.rollouts.jobs import Job, lost
 from harnessrl.errors import UserError
-from harnessrl.harness_examples.chat import RolloutResult
-from harnessrl.harness_examples.runner import run_many
 
 EXECUTORS = ("local", "ray")
 
 
-@dataclass(frozen=True)
-class Job:
-    """One rollout to run: a task, and where its rollout goes (group, run tag)."""
-    task: Any
-    task_id: str
-    group_id: str
-    run_tag: str
-    temperature: float
+class Flight(Protocol):
+    """Rollouts in flight on one proxy, each under a key of the caller's."""
 
-    def run(self, runner: Runner, url: str) -> Any:
-        return runner(url, self.task, self.group_id, self.run_tag, self.temperature)
+    def submit(self, key: Hashable, job: Job) -> None: ...
 
+    def inflight(self) -> int: ...
 
-def jobs_for(h: HarnessTasks, tasks: list[Any], group: int, run_tag: str, temperature: float) -> list[Job]:
-    """`group` jobs per task, the group id naming run and task (advantages are per group)."""
-    return [Job(t, h.task_id(t), f"{run_tag}/{h.task_id(t)}", run_tag, temperature) for t in tasks for _ in range(group)]
-
-
-def lost(job: Job, why: str) -> RolloutResult:
-    """The result of a job whose rollout never came back."""
-    return RolloutResult(rollout_id="", task_id=job.task_id, outcome=0.0, error=why)
+    def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
+        """The rollouts that finished (or were given up at their deadline) since the last call:
+        waits until there is one, or `timeout` seconds (then maybe none)."""
+        ...
 
 
 class Executor(Protocol):
     proxy_host: str  # the address the proxy must listen on for the rollouts to reach it
+    concurrency: int
 
-    def map(self, runner: Runner, url: str, jobs: list[Job], label: str) -> list[Any]: ...
+    def flight(self, runner: Runner, url: str) -> Flight: ...
+
+
+def run_batch(ex: Executor, runner: Runner, url: str, jobs: list[Job], label: str,
+              seconds: list[float] | None = None) -> list[Any]:
+    """Every job, `ex.concurrency` at a time; one result per job, in job order. `seconds`, when
+    given, gets each rollout's wall time (for the loop's no-idle bound)."""
+    flight = ex.flight(runner, url)
+    results: list[Any] = [None] * len(jobs)
+    started: dict[int, float] = {}
+    waiting = iter(range(len(jobs)))
+    with Progress(transient=True) as progress:
+        bar = progress.add_task(label, total=len(jobs))
+        while True:
+            while flight.inflight() < ex.concurrency and (i := next(waiting, None)) is not None:
+                started[i] = time.monotonic()
+                flight.submit(i, jobs[i])
+            if not flight.inflight():
+                return results
+            for i, _, result in flight.finished(None):
+                results[i] = result  # type: ignore[index]
+                if seconds is not None:
+                    seconds.append(time.monotonic() - started[i])  # type: ignore[index]
+                progress.advance(bar)
+
+
+class LocalFlight:
+    """A thread per rollout: a rollout of `--cmd` is its own process and a Python harness waits on
+    the proxy, so threads overlap (tests/test_loop_concurrency.py). A thread given up at its
+    deadline cannot be stopped: it is a daemon, so that it cannot hold the process at exit, and
+    its result, should it come, is dropped."""
+
+    def __init__(self, runner: Runner, url: str, deadline: float | None) -> None:
+        self.runner, self.url, self.deadline = runner, url, deadline
+        self._done: queue.Queue[tuple[Hashable, Any, BaseException | None]] = queue.Queue()
+        self._running: dict[Hashable, tuple[Job, float]] = {}  # key -> (job, when it started)
+
+    def submit(self, key: Hashable, job: Job) -> None:
+        if key in self._running:
+            raise ValueError(f"a rollout under key {key!r} is already in flight")
+        self._running[key] = (job, time.monotonic())
+        threading.Thread(target=self._work, args=(key, job), name=f"rollout-{key}", daemon=True).start()
+
+    def _work(self, key: Hashable, job: Job) -> None:
+        try:
+            self._done.put((key, job.run(self.runner, self.url), None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the collecting thread, raised there
+            self._done.put((key, None, exc))
+
+    def inflight(self) -> int:
+        return len(self._running)
+
+    def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
+        out: list[tuple[Hashable, Job, Any]] = []
+        if not self._running:
+            return out
+        wait = timeout
+        if self.deadline is not None:
+            due = max(0.0, min(t0 for _, t0 in self._running.values()) + self.deadline - time.monotonic())
+            wait = due if wait is None else min(wait, due)
+        try:
+            item = self._done.get(timeout=wait)
+            while True:
+                key, result, exc = item
+                if key in self._running:  # else given up before: it was counted as failed
+                    job, _ = self._running.pop(key)
+                    if exc is not None:
+                        raise exc
+                    out.append((key, job, result))
+                item = self._done.get_nowait()
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        for key, (job, t0) in list(self._running.items()):
+            if self.deadline is not None and now - t0 >= self.deadline:
+                del self._running[key]
+                out.append((key, job, lost(job, f"no result within the {self.deadline:g} s rollout deadline")))
+        return out
 
 
 class LocalExecutor:
-    """Threads of this process, `concurrency` rollouts at a time. A rollout of `--cmd` is its own
-    process and a Python harness waits on the proxy, so threads overlap (tests/test_loop_concurrency.py)."""
+    """Threads of this process, `concurrency` rollouts at a time."""
     proxy_host = "127.0.0.1"
 
     def __init__(self, concurrency: int, deadline: float | None) -> None:
         self.concurrency, self.deadline = concurrency, deadline
 
-    def map(self, runner: Runner, url: str, jobs: list[Job], label: str) -> list[Any]:
-        return run_many(lambda job: job.run(runner, url), jobs, 1, self.concurrency, label, self.deadline,
-                        lambda job: lost(job, f"no result within the {self.deadline:g} s rollout deadline"))
+    def flight(self, runner: Runner, url: str) -> LocalFlight:
+        return LocalFlight(runner, url, self.deadline)
 
 
 @contextmanager
@@ -90,28 +155,3 @@ def open_executor(kind: str, concurrency: int, deadline: float | None, ray_addre
             ex.close()
     else:
         raise UserError(f"--executor {kind!r}: use {' | '.join(EXECUTORS)}")
-
-
-def counted(results: list[Any]) -> tuple[str, ...] | None:
-    """The rollout ids the results count, or None where a result does not name its rollout (a user
-    harness may return just the outcome): then only its run tag says which rollouts are the batch's."""
-    ids = tuple(r.rollout_id for r in results if getattr(r, "rollout_id", ""))
-    named = all(getattr(r, "rollout_id", "") for r in results if not getattr(r, "error", None))
-    return ids if named else None
-
-
-def settle(url: str, run_tag: str, results: list[Any]) -> int:
-    """Finish as failed every rollout of `run_tag` the results do not count: all of them when the
-    results name their rollouts, else those still running. Returns how many were failed."""
-    ids = counted(results)
-    keep = set(ids or ())
-    n = 0
-    with HarnessRL(url) as client:  # the operator's key (`client.default_key`)
-        for ro in client.list_rollouts(run=run_tag):
-            if ro["id"] in keep or ro["status"] == "failed" or (ids is None and ro["status"] != "running"):
-                continue
-            why = ("abandoned: its attempt ended without a result (rollout deadline, or its Ray node was lost)"
-                   if ro["status"] == "running" else "not counted: another attempt of its job was counted")
-            client.finish(ro["id"], error=why)
-            n += 1
-    return n

@@ -6,8 +6,8 @@ node, where the runner makes the rollout's workspace and runs the harness. The n
 harnessrl from the Python that runs Ray there: install it (the same version) on every node.
 
 A task whose node or worker dies is run again by Ray (`retries` times) on a node that is alive;
-the rollout its first attempt had made is left unfinished and `executors.settle` fails it after
-the batch. A task still out at its deadline is cancelled (its worker killed) and counted as
+the rollout its first attempt had made is left unfinished and `jobs.settle` fails it after
+the batch (or, in `loop --async`, after its group). A task still out at its deadline is cancelled (its worker killed) and counted as
 failed, like one whose retries ran out. The deadline runs from the task's submission: with
 `--concurrency` above the cluster's CPUs, time queued in Ray counts too.
 
@@ -21,12 +21,11 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Hashable
 from typing import Any
 
-from rich.progress import Progress
-
-from harnessrl.app.rollouts.executors import Job, lost
 from harnessrl.app.rollouts.harnesses import Runner
+from harnessrl.app.rollouts.jobs import Job, lost
 from harnessrl.client import default_key, remember_key
 from harnessrl.errors import UserError
 
@@ -74,36 +73,8 @@ class RayExecutor:
         # one CPU per rollout: a node runs as many rollouts at once as it has CPUs
         self._task = ray.remote(_run_job).options(num_cpus=1, max_retries=retries, retry_exceptions=False)
 
-    def map(self, runner: Runner, url: str, jobs: list[Job], label: str) -> list[Any]:
-        ray = self._ray
-        results: list[Any] = [None] * len(jobs)
-        runner_ref = ray.put(runner)  # shipped to the object store once, not with every task
-        key_ref = ray.put(default_key(url))
-        pending: dict[Any, tuple[int, float]] = {}  # task ref -> (job index, when it was submitted)
-        waiting = iter(range(len(jobs)))
-        with Progress(transient=True) as progress:
-            bar = progress.add_task(label, total=len(jobs))
-            while True:
-                while len(pending) < self.concurrency and (i := next(waiting, None)) is not None:
-                    pending[self._task.remote(runner_ref, url, key_ref, jobs[i])] = (i, time.monotonic())
-                if not pending:
-                    break
-                wait = None
-                if self.deadline is not None:
-                    wait = max(0.0, min(t0 for _, t0 in pending.values()) + self.deadline - time.monotonic())
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
-                for ref in ready:
-                    i, _ = pending.pop(ref)
-                    results[i] = self._collect(ref, jobs[i])
-                    progress.advance(bar)
-                now = time.monotonic()
-                for ref, (i, t0) in list(pending.items()):
-                    if self.deadline is not None and now - t0 >= self.deadline:
-                        ray.cancel(ref, force=True)  # kills the worker, and the harness under it
-                        del pending[ref]
-                        results[i] = lost(jobs[i], f"no result within the {self.deadline:g} s rollout deadline")
-                        progress.advance(bar)
-        return results
+    def flight(self, runner: Runner, url: str) -> RayFlight:
+        return RayFlight(self, self._ray.put(runner), url, self._ray.put(default_key(url)))
 
     def _collect(self, ref: Any, job: Job) -> Any:
         ray = self._ray
@@ -117,3 +88,42 @@ class RayExecutor:
 
     def close(self) -> None:
         self._ray.shutdown()
+
+
+class RayFlight:
+    """Ray tasks in flight, each under the caller's key; `runner_ref`: the runner, shipped to the
+    object store once, not with every task."""
+
+    def __init__(self, ex: RayExecutor, runner_ref: Any, url: str, key_ref: Any) -> None:
+        self.ex, self.runner_ref, self.url, self.key_ref = ex, runner_ref, url, key_ref
+        self._pending: dict[Any, tuple[Hashable, Job, float]] = {}  # task ref -> (key, job, when submitted)
+
+    def submit(self, key: Hashable, job: Job) -> None:
+        ref = self.ex._task.remote(self.runner_ref, self.url, self.key_ref, job)
+        self._pending[ref] = (key, job, time.monotonic())
+
+    def inflight(self) -> int:
+        return len(self._pending)
+
+    def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
+        if not self._pending:
+            return []
+        ray, deadline = self.ex._ray, self.ex.deadline
+        wait = timeout
+        if deadline is not None:
+            due = max(0.0, min(t0 for *_, t0 in self._pending.values()) + deadline - time.monotonic())
+            wait = due if wait is None else min(wait, due)
+        ready, rest = ray.wait(list(self._pending), num_returns=1, timeout=wait)
+        if ready and rest:  # every other one finished by now too
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        out = []
+        for ref in ready:
+            key, job, _ = self._pending.pop(ref)
+            out.append((key, job, self.ex._collect(ref, job)))
+        now = time.monotonic()
+        for ref, (key, job, t0) in list(self._pending.items()):
+            if deadline is not None and now - t0 >= deadline:
+                ray.cancel(ref, force=True)  # kills the worker, and the harness under it
+                del self._pending[ref]
+                out.append((key, job, lost(job, f"no result within the {deadline:g} s rollout deadline")))
+        return out
