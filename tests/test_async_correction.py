@@ -199,3 +199,26 @@ def test_compile_keeps_each_calls_weight_version(tmp_path, tiny_model_dir):
     assert trained_versions(a2) == {"v3"}  # a0's tokens are trained in a1's path only
     assert trained_versions(c1) == {"v3", "v4"}
     assert (a1["weight_version"], a2["weight_version"], c1["weight_version"]) == ("v2", "v3", "v4")
+
+
+@pytest.mark.unit
+def test_training_reads_its_columns_only(tmp_path, tiny_model_dir):
+    # A compile output from before call_versions / call_turns existed still trains; a file that lacks
+    # a column training reads, or is not Parquet, is a one-line error.
+    import pyarrow.parquet as pq
+
+    from harnessrl.samples import SAMPLE_SCHEMA
+    from harnessrl.trainer.data import TRAINED_COLUMNS, load_samples
+
+    assert set(TRAINED_COLUMNS) <= set(SAMPLE_SCHEMA.names)
+    d, _ = one_sample(tmp_path / "s", tiny_model_dir, BEHAVIOUR)
+    path = d / "samples.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["call_versions", "call_turns"]), path)
+    s = load_samples(d).samples[0]
+    assert s.behaviour_logprob[-3:] == pytest.approx(BEHAVIOUR) and s.advantage[-3:] == [A] * 3
+    pq.write_table(pq.read_table(path).drop_columns(["behaviour_logprob"]), path)
+    with pytest.raises(UserError, match="missing columns: behaviour_logprob"):
+        load_samples(d)
+    path.write_text("not parquet")
+    with pytest.raises(UserError, match="cannot read"):
+        load_samples(d)

@@ -14,8 +14,12 @@ from typing import Any
 
 import torch
 
-from harnessrl.samples import SAMPLE_SCHEMA
 from harnessrl.errors import UserError
+
+# the columns of SAMPLE_SCHEMA (harnessrl/samples.py) that training reads: only these are converted
+# (per-token columns cost the most), and a compile output from before a column was added still trains
+TRAINED_COLUMNS = ("sample_id", "rollout_id", "task_id", "group_id", "agent", "outcome_reward", "input_ids", "loss_mask",
+                   "token_class", "advantage", "behaviour_logprob", "prompt_len")
 
 
 @dataclass
@@ -61,12 +65,15 @@ def load_samples(samples_dir: str | Path) -> Dataset:
     if not path.is_file():
         raise UserError(f"no samples found: {path} (run `harnessrl compile` first)")
     try:
-        table = pq.read_table(path)
+        names = pq.read_schema(path).names
+        missing = [n for n in TRAINED_COLUMNS if n not in names]
+        if missing:
+            raise UserError(f"{path} is not a compiled sample file (missing columns: {', '.join(missing)})")
+        table = pq.read_table(path, columns=list(TRAINED_COLUMNS))
+    except UserError:
+        raise
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise UserError(f"cannot read {path}: {exc}") from None
-    missing = [n for n in SAMPLE_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise UserError(f"{path} is not a compiled sample file (missing columns: {', '.join(missing)})")
     rows = table.to_pylist()
     samples = []
     for r in rows:
