@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from harnessrl.checkpoints import VERSION_FILE
 from harnessrl.errors import UserError
 
 
@@ -32,6 +33,7 @@ def save_checkpoint(trainer, out_dir: str | Path, version: str) -> Path:
     trainer.save_model(str(path))  # PEFT models save their adapter only; every rank takes part
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(str(path))
+        (path / VERSION_FILE).write_text(version + "\n")  # a proxy started on it serves this version
     return path
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.errors import UserError
+from harnessrl.checkpoints import LOAD_LOCK
 from harnessrl.trainer.capo import CapoTrainer
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.data import Dataset, load_samples
@@ -41,13 +42,14 @@ def load_model(path: str, bf16: bool = False):
 
 def build_trainer(cfg: TrainConfig, data: Dataset | None = None, callbacks=None):
     data = data or load_samples(cfg.samples)
-    model, tokenizer = load_model(cfg.model, cfg.bf16)
     peft_config = None
     if cfg.lora:
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_target, task_type="CAUSAL_LM")
-    return TRAINERS[cfg.algo](model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks)
+    with LOAD_LOCK:  # the policy, and the reference model TRL loads itself
+        model, tokenizer = load_model(cfg.model, cfg.bf16)
+        return TRAINERS[cfg.algo](model, cfg, data, tokenizer, peft_config=peft_config, callbacks=callbacks)
 
 
 def train(cfg: TrainConfig) -> RunResult:

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import UserError
+from harnessrl.checkpoints import LOAD_LOCK, VERSION_FILE
 from harnessrl.proxy.errors import BackendRejected
 from harnessrl.proxy.routes.token_backend import Completion, SamplingParams, TokenDelta
 
 # below this temperature sampling is greedy: dividing logits by a subnormal one overflows to inf (as vLLM)
 GREEDY_BELOW = 1e-5
 
-VERSION_FILE = "harnessrl_version.txt"
 
 
 def _version_in(path: Path) -> str | None:
@@ -40,7 +40,8 @@ def _load_model(path: Path):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        with LOAD_LOCK:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise UserError(f"cannot load a causal LM from {path}: {str(exc).splitlines()[0]}") from exc
 
@@ -321,7 +322,8 @@ class LocalBackend:
 
         base = _load_model(self._base_path)
         try:
-            return PeftModel.from_pretrained(base, path).merge_and_unload()
+            with LOAD_LOCK:
+                return PeftModel.from_pretrained(base, path).merge_and_unload()
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise UserError(f"cannot apply the LoRA adapter in {path}: {str(exc).splitlines()[0]}") from exc
 

@@ -322,23 +322,26 @@ class AsyncDriver:
                                 f"interrupted: the loop stopped during its attempt {a}")
         for gid, g in st.groups.items():
             if g["status"] == "running":
-                stages.fail_running(self.url, [g["tag"]], "interrupted: the loop stopped while its group ran")
+                stages.fail_running(self.url, [g["tag"]], "interrupted: the loop stopped while its group ran",
+                                    finished_too=True)
                 g.update(status="failed", why="interrupted")
             elif g["status"] == "rolled":
                 self.compile_q.put(gid)
-        if st.steps:  # the backend starts on st.model under no version of ours: push it, named
+        if st.steps:
             row = st.steps[-1]
-            version = push(self.url, Path(row["checkpoint"]), row["version"])
-            if not row["pushed"]:
-                row.update(pushed=True, version=version)
-                st.versions.append(version)
+            if not row["pushed"] or self.cfg.upstream is not None:  # an upstream may have restarted since
+                version = push(self.url, Path(row["checkpoint"]), row["version"])
+                if not row["pushed"]:
+                    row.update(pushed=True, version=version)
+                    st.versions.append(version)
             self.console.print(f"resuming after step {row['step'] + row['steps'] - 1} from {st.model}")
         st.save(self.path)
 
     def _end_running(self) -> None:
         """The groups still out when training ends are never trained: their rollouts are failed."""
         running = {gid: g for gid, g in self.st.groups.items() if g["status"] == "running"}
-        stages.fail_running(self.url, [g["tag"] for g in running.values()], "the loop ended before its group did")
+        stages.fail_running(self.url, [g["tag"] for g in running.values()], "the loop ended before its group did",
+                            finished_too=True)
         with self.st.lock:
             for g in running.values():
                 g.update(status="failed", why="the loop ended")

@@ -174,9 +174,11 @@ def teacher_round(cfg: LoopConfig, ex: Executor, t: Teacher, s: Setup, state: Lo
     return out
 
 
-def fail_running(url: str, tags: list[str], why: str) -> int:
+def fail_running(url: str, tags: list[str], why: str, finished_too: bool = False) -> int:
     """Finish as failed the rollouts still running under these run tags (a killed loop's): they
-    never count, and a straggler's calls to them are refused."""
+    never count, and a straggler's calls to them are refused. `finished_too`: the finished ones as
+    well (a group that will never be complete: its finished rollouts would make a short group for
+    any later compile of the DB)."""
     from harnessrl.app.rollouts.run_cmd import proxy_key
     from harnessrl.client import HarnessRL
 
@@ -184,7 +186,7 @@ def fail_running(url: str, tags: list[str], why: str) -> int:
     with HarnessRL(url, api_key=proxy_key()) as client:
         for tag in tags:
             for ro in client.list_rollouts(run=tag):
-                if ro["status"] == "running":
+                if ro["status"] == "running" or (finished_too and ro["status"] == "finished"):
                     client.finish(ro["id"], error=why)
                     n += 1
     return n
