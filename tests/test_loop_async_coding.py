@@ -25,8 +25,9 @@ from test_reward_integrity import FORCE_PASS
 HRL = [sys.executable, "-m", "harnessrl"]
 PLANT = f"open('conftest.py', 'w').write({FORCE_PASS!r}); print('planted conftest.py')"
 # the probe prints the network interfaces the rollout sees (in the sandbox only lo), then the plant, then the agent
-AGENT = (f"cat /proc/net/dev; {shlex.quote(sys.executable)} -c {shlex.quote(PLANT)}; "
-         f"{shlex.quote(sys.executable)} -m harnessrl.harness_examples.coding.agent {{task}} --max-turns 3 --max-tokens 48")
+PY = shlex.quote(sys.executable)
+AGENT = (f"cat /proc/net/dev; {PY} -c {shlex.quote(PLANT)}; "
+         f"{PY} -m harnessrl.harness_examples.coding.agent {{task}} --max-turns 3 --max-tokens 48")
 
 
 def test_async_coding_loop_in_the_sandbox(tiny_model_dir, tmp_path):
@@ -36,10 +37,11 @@ def test_async_coding_loop_in_the_sandbox(tiny_model_dir, tmp_path):
                                  "--seed", "0"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-2000:]
     out = tmp_path / "loop"
-    run = subprocess.run(HRL + ["loop", "--async", "--cmd", AGENT, "--tasks", str(tmp_path / "tasks" / "coding.jsonl"),
-                                "--n-tasks", "3", "--eval-fraction", "0.34", "--model", str(tiny_model_dir),
-                                "--out", str(out), "--rounds", "1", "--steps", "2", "--group-size", "2",
-                                "--groups-per-step", "1", "--concurrency", "2", "--sandbox", "bwrap", "--timeout", "300"],
+    tasks = tmp_path / "tasks" / "coding.jsonl"
+    run = subprocess.run(HRL + ["loop", "--async", "--cmd", AGENT, "--tasks", str(tasks), "--n-tasks", "3",
+                                "--eval-fraction", "0.34", "--model", str(tiny_model_dir), "--out", str(out),
+                                "--rounds", "1", "--steps", "2", "--group-size", "2", "--groups-per-step", "1",
+                                "--concurrency", "2", "--sandbox", "bwrap", "--timeout", "300"],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     _, Session = open_db(str(out / "runs.db"))
