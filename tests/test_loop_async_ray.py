@@ -59,12 +59,13 @@ def test_async_loop_on_ray_survives_a_node_killed_mid_flight(cluster, tiny_model
             break
         time.sleep(0.1)
     victim = str(workers[1].all_processes["raylet"][0].process.pid)
-    on_victim = {rid: s["run"] for rid, s in started.items() if s["raylet"] == victim}
+    # the training rollouts held there (an evaluation's may have run there before, to its end)
+    on_victim = {rid: s["run"] for rid, s in started.items() if s["raylet"] == victim and s["run"].startswith("async-")}
     c.remove_node(workers[1], allow_graceful=False)  # its raylet and workers killed under the held rollouts
     (markers / "release").write_text("")
     output, _ = loop.communicate(timeout=600)
     assert loop.returncode == 0, output[-3000:]
-    assert len(on_victim) == 2 and all(run.startswith("async-") for run in on_victim.values()), started
+    assert len(on_victim) == 2, started
 
     _, Session = open_db(str(out / "runs.db"))
     with Session() as s:
