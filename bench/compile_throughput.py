@@ -139,7 +139,8 @@ def run_naive(db: str, tok_dir: str, out: str, queue) -> None:
                     "agent": c.agent, "session_id": c.session_id, "input_ids": np.concatenate([c.prompt, c.completion]),
                     "loss_mask": mask, "token_class": cls, "advantage": mask.astype(np.float32),
                     "behaviour_logprob": (blp, mask.astype(bool)), "turn_index": np.full(n, -1, dtype=np.int16),
-                    "call_ids": [c.call_id], "prompt_len": len(c.prompt), "weight_version": c.weight_version,
+                    "call_ids": [c.call_id], "call_versions": [c.weight_version], "call_turns": [-1],
+                    "prompt_len": len(c.prompt), "weight_version": c.weight_version,
                     "outcome_reward": 0.0, "reward_breakdown": "{}", "retokenized": False})
     writer.close()
     queue.put({"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "emitted": emitted,

@@ -235,7 +235,11 @@ def test_train_log_means_the_trainers_metrics_over_its_steps():
     # closing summary (train_runtime, …), step counters and non-numbers are not metrics
     from harnessrl.app.loop.stages import train_log as _train_log
 
-    history = [{"loss": 0.5, "kl": 0.01, "grad_norm/act_withheld": 2.0, "step": 1, "epoch": 0.5},
-               {"loss": 0.3, "kl": 0.03, "step": 2, "epoch": 1.0, "note": "x", "flag": True},
+    history = [{"loss": 0.5, "kl": 0.01, "grad_norm/act_withheld": 2.0, "behaviour/raw_weight_max": 3.0, "step": 1,
+                "epoch": 0.5},
+               {"loss": 0.3, "kl": 0.03, "behaviour/raw_weight_max": 1.5, "step": 2, "epoch": 1.0, "note": "x",
+                "flag": True},
                {"train_runtime": 12.0, "train_loss": 0.4, "step": 2}]
-    assert _train_log(history) == pytest.approx({"loss": 0.4, "kl": 0.02, "grad_norm/act_withheld": 2.0})
+    # a maximum stays the largest, not a mean of maxima (3.0, not 2.25)
+    assert _train_log(history) == pytest.approx({"loss": 0.4, "kl": 0.02, "grad_norm/act_withheld": 2.0,
+                                                 "behaviour/raw_weight_max": 3.0})

@@ -46,7 +46,7 @@ from harnessrl.app.loop.config import LoopConfig
 from harnessrl.app.loop.groups import merge_samples, trained_versions_of
 from harnessrl.app.loop.report import step_table
 from harnessrl.app.loop.state import LoopState
-from harnessrl.app.rollouts.executors import Executor
+from harnessrl.app.rollouts.executors import Executor, Flight
 from harnessrl.app.rollouts.jobs import Job, counted, jobs_for, settle
 from harnessrl.app.rollouts.run_cmd import owned_proxy
 from harnessrl.console import Console
@@ -122,8 +122,14 @@ class AsyncDriver:
     # -- the producer ----------------------------------------------------------------------------
 
     def _produce(self) -> None:
-        cfg = self.cfg
         flight = self.ex.flight(self.s.h.run, self.url)
+        try:
+            self._keep_in_flight(flight)
+        finally:
+            flight.cancel()  # no rollout of a group left unfinished may open after _end_running
+
+    def _keep_in_flight(self, flight: Flight) -> None:
+        cfg = self.cfg
         todo: deque[tuple[str, int, Job]] = deque()
         results: dict[str, dict[int, Any]] = {}
         started: dict[tuple[str, int], float] = {}

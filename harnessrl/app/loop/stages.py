@@ -216,7 +216,8 @@ def group_success(results: list[Any]) -> float:
 
 def train_log(history: list[dict]) -> dict[str, float]:
     """Each numeric metric the trainer logged (loss, grad norms kept and withheld, KL, clip ratio, …),
-    averaged over the logged steps; the run's closing summary (train_runtime, …) is not a step."""
+    averaged over the logged steps, a maximum (`…_max`) the largest; the run's closing summary
+    (train_runtime, …) is not a step."""
     values: dict[str, list[float]] = {}
     for entry in history:
         if "train_runtime" in entry:
@@ -224,7 +225,7 @@ def train_log(history: list[dict]) -> dict[str, float]:
         for k, v in entry.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch"):
                 values.setdefault(k, []).append(float(v))
-    return {k: sum(v) / len(v) for k, v in values.items()}
+    return {k: max(v) if k.endswith("_max") else sum(v) / len(v) for k, v in values.items()}
 
 
 def means(results: list[Any]) -> dict[str, float]:

@@ -39,6 +39,11 @@ class Flight(Protocol):
         waits until there is one, or `timeout` seconds (then maybe none)."""
         ...
 
+    def cancel(self) -> None:
+        """Give up every rollout in flight, so that none opens a rollout after this returns (where
+        the executor can stop one: a Ray task is cancelled; a thread runs on, its result dropped)."""
+        ...
+
 
 class Executor(Protocol):
     proxy_host: str  # the address the proxy must listen on for the rollouts to reach it
@@ -95,6 +100,9 @@ class LocalFlight:
 
     def inflight(self) -> int:
         return len(self._running)
+
+    def cancel(self) -> None:
+        self._running.clear()  # a thread cannot be stopped; it opened its rollout when it started
 
     def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
         out: list[tuple[Hashable, Job, Any]] = []

@@ -105,6 +105,16 @@ class RayFlight:
     def inflight(self) -> int:
         return len(self._pending)
 
+    def cancel(self) -> None:
+        """A task not yet started never starts, a running one's worker is killed; waits until Ray
+        has done both, so no rollout opens after this returns."""
+        ray, refs = self.ex._ray, list(self._pending)
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=60)
+        self._pending.clear()
+
     def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
         if not self._pending:
             return []
