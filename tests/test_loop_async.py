@@ -116,9 +116,13 @@ def test_async_loop_trains_steps_on_groups_and_records_their_versions(tiny_model
 
 def test_staleness_zero_trains_only_tokens_of_the_weights_it_trains(tiny_model_dir, tmp_path):
     out = tmp_path / "loop"
-    done = _run(_cmd(tiny_model_dir, out, "--steps", "3", "--max-staleness", "0"))
+    # two optimizer steps between pushes: a row per push, each of 2 steps over 2 groups
+    done = _run(_cmd(tiny_model_dir, out, "--steps", "4", "--max-staleness", "0", "--push-every", "2"))
     assert done.returncode == 0, done.stderr[-3000:]
     state = _check_accounting(out)
+    assert [(r["step"], r["steps"], len(r["groups"])) for r in state["steps"]] == [(0, 2, 2), (2, 2, 2)]
+    assert state["totals"]["steps"] == 4 and len(state["versions"]) == 3
+    assert json.loads((out / "step-2" / "train_config.json").read_text())["steps"] == 2
     for row in state["steps"]:
         assert row["staleness"] == [0] * len(row["groups"])
         for g in row["groups"]:
