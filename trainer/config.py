@@ -207,11 +207,31 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> TrainConf
     unknown = sorted(set(values) - known)
     if unknown:
         raise UserError(f"unknown config option(s): {', '.join(unknown)}")
+    types = {f.name: str(f.type) for f in fields(TrainConfig)}
+    values = {k: _number(k, types[k], v) for k, v in values.items()}
     try:
         cfg = TrainConfig(**values)
     except TypeError as exc:
         raise UserError(f"bad config: {exc}") from None
     return cfg.validate()
+
+
+def _number(name: str, annotation: str, value: Any) -> Any:
+    """A number option's value as a number. YAML 1.1 (PyYAML) reads `1.0e9` or `1e-5` without a
+    sign in the exponent as a string; a value that is no number at all is named, not a traceback."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    number = float if "float" in kinds else int if "int" in kinds else None
+    if number is None or value is None or isinstance(value, bool) or isinstance(value, int):
+        return value
+    try:
+        if isinstance(value, float):
+            if number is int and not value.is_integer():
+                raise ValueError(value)
+            return number(value)
+        return number(value) if isinstance(value, str) else number(str(value))
+    except ValueError:
+        raise UserError(f"config option {name}: {value!r} is not {'a number' if number is float else 'an integer'}") \
+            from None
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
