@@ -43,7 +43,7 @@ from typing import Any
 from harnessrl.app.loop import stages
 from harnessrl.app.loop.failpoints import hit
 from harnessrl.app.loop.config import LoopConfig
-from harnessrl.app.loop.groups import merge_samples, trained_versions_of
+from harnessrl.app.loop.groups import merge_samples, trainable, trained_versions_of
 from harnessrl.app.loop.report import step_table
 from harnessrl.app.loop.state import LoopState
 from harnessrl.app.rollouts.executors import Executor, Flight
@@ -56,6 +56,7 @@ from harnessrl.trainer.push import push
 from harnessrl.trainer.run import train
 
 WAITING = ("rolled", "ready")  # the queue: groups whose rollouts are in, compiled or not yet
+NO_SIGNAL = 50  # groups in a row with no token to train before the loop gives up (it would wait forever)
 
 
 def check(cfg: LoopConfig) -> None:
@@ -80,6 +81,7 @@ class AsyncDriver:
         self.correction = _correction(cfg)
         self.url = ""
         self.attempt = 0
+        self.no_signal = 0  # groups compiled in a row with no token to train
 
     def run(self, interrupted: int | None) -> None:
         """`interrupted`: the attempt a killed loop was in, whose rollouts outside groups (the teacher
@@ -208,13 +210,20 @@ class AsyncDriver:
         out = self.cfg.out / "groups" / gid / "samples"
         totals = stages.compile_run(self.cfg, self.s, g["tag"], out, tuple(g["rollouts"] or ()))["totals"]
         samples = int(totals.get("samples", 0))
-        versions = sorted(trained_versions_of(out), key=lambda v: v or "") if samples else []
+        useful = trainable(out)  # else nothing to learn: no sample, or no token the trainer would train
+        versions = sorted(trained_versions_of(out), key=lambda v: v or "") if useful else []
         hit("compile")
         with self.cond:
-            g.update(status="ready" if samples else "failed", samples=samples, samples_dir=str(out), versions=versions,
+            g.update(status="ready" if useful else "failed", samples=samples, samples_dir=str(out), versions=versions,
                      tokens=int(totals.get("tokens_recorded", 0)))
+            if not useful:
+                g["why"] = "no token to train" if samples else "no sample"
+            self.no_signal = 0 if useful else self.no_signal + 1
             self.st.save(self.path)
             self.cond.notify_all()
+        if self.no_signal >= NO_SIGNAL:
+            raise UserError(f"the last {NO_SIGNAL} groups had no token to train (no sample, or a mask that trains "
+                            "nothing): check that the harness's calls go through the proxy and the --algo's agents")
 
     # -- the trainer -----------------------------------------------------------------------------
 

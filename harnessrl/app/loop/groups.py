@@ -1,6 +1,6 @@
-"""`loop --async`'s groups on disk: the weight versions a compiled group's trained tokens were
-sampled by (its staleness is measured from the oldest), and a step's samples put together from the
-groups it trains."""
+"""Compiled samples on disk, as the loop reads them: whether a run holds a token to train, the
+weight versions a compiled group's trained tokens were sampled by (`loop --async` measures its
+staleness from the oldest), and a step's samples put together from the groups it trains."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harnessrl.samples import trained_versions
+
+
+def trainable(samples_dir: Path) -> bool:
+    """Whether any sample has a trained token (loss mask 1 past its prompt), as the trainer requires
+    (trainer/data.py): a run of equal rewards everywhere, or of no sample at all, has none."""
+    path = samples_dir / "samples.parquet"
+    if not path.is_file():
+        return False
+    rows = pq.read_table(path, columns=["loss_mask", "prompt_len"]).to_pylist()
+    return any(any(r["loss_mask"][r["prompt_len"]:]) for r in rows)
 
 
 def trained_versions_of(samples_dir: Path) -> set[str]:

@@ -31,6 +31,7 @@ from transformers.utils import logging as hf_logging
 from harnessrl.app.loop import stages
 from harnessrl.app.loop.async_driver import AsyncDriver, check
 from harnessrl.app.loop.config import LoopConfig
+from harnessrl.app.loop.groups import trainable
 from harnessrl.app.loop.report import plot_curves, round_table
 from harnessrl.app.loop.state import LoopState, RoundRow
 from harnessrl.app.rollouts.executors import Executor, open_executor
@@ -99,18 +100,24 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, s: stages.Setup, state: LoopState
                                             stages.initial_policy(cfg, state))
             stages.write_train_config(cfg.out / tag / "train_config.json", train_cfg)
             busy = time.perf_counter()
-            result = train(train_cfg)
-            version = push(proxy.url, result.checkpoint, result.version)
+            if trainable(samples_dir):
+                result = train(train_cfg)
+                version = push(proxy.url, result.checkpoint, result.version)
+                checkpoint, log = str(result.checkpoint), result.log_history
+            else:  # equal rewards in every group, or no sample: no gradient, the round keeps its weights
+                console.print(f"round {r}: no token to train (no sample, or equal rewards in every group): the "
+                              "weights stay as they were")
+                version, checkpoint, log = state.rounds[-1]["version"] if state.rounds else "base", state.model, []
             busy = time.perf_counter() - busy
             held = stages.rollouts(ex, h, proxy.url, h.eval, 1, f"eval-{r}-a{state.attempts}", 0.0, f"round {r} eval")
             _, held_success, held_validity = stages.summary(held)
             row = RoundRow(r, reward, success, validity, held_success, int(totals.get("tokens_recorded", 0)),
                            int(totals.get("samples", 0)), time.perf_counter() - started, version,
-                           str(result.checkpoint), held_validity, stages.means(held), sum(1 for x in results if x.error),
-                           stages.group_success(results), stages.train_log(result.log_history), busy, sum(seconds))
+                           checkpoint, held_validity, stages.means(held), sum(1 for x in results if x.error),
+                           stages.group_success(results), stages.train_log(log), busy, sum(seconds))
             state.rounds.append(asdict(row))
             _totals(state, cfg.steps)
-            state.model = str(result.checkpoint)
+            state.model = checkpoint
             state.save(state_path)
             console.print(round_table(state))
 
