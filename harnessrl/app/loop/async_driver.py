@@ -59,16 +59,6 @@ WAITING = ("rolled", "ready")  # the queue: groups whose rollouts are in, compil
 NO_SIGNAL = 50  # groups in a row with no token to train before the loop gives up (it would wait forever)
 
 
-def check(cfg: LoopConfig) -> None:
-    """The asynchronous options, before anything runs."""
-    if cfg.groups_per_step < 1 or cfg.push_every < 1 or cfg.max_staleness < 0 or cfg.eval_every < 0:
-        raise UserError("--groups-per-step and --push-every must be at least 1, --max-staleness and --eval-every "
-                        "at least 0")
-    if cfg.max_queued_steps < cfg.push_every:
-        raise UserError(f"--max-queued-steps {cfg.max_queued_steps}: at least --push-every ({cfg.push_every}), "
-                        "or the trainer would wait for groups the producer holds back")
-
-
 class AsyncDriver:
     def __init__(self, cfg: LoopConfig, ex: Executor, s: stages.Setup, state: LoopState, state_path: Path,
                  console: Console) -> None:
@@ -78,7 +68,7 @@ class AsyncDriver:
         self.failure: list[BaseException] = []
         self.compile_q: queue.Queue[str | None] = queue.Queue()
         self.evals: list[threading.Thread] = []
-        self.correction = _correction(cfg)
+        self.correction = stages.async_correction(cfg)
         self.url = ""
         self.attempt = 0
         self.no_signal = 0  # groups compiled in a row with no token to train
@@ -390,15 +380,3 @@ class AsyncDriver:
                              groups_failed=status.count("failed"), groups_unused=sum(s in WAITING for s in status))
             st.totals.setdefault("dropped_stale", 0)
             st.save(self.path)
-
-
-def _correction(cfg: LoopConfig) -> dict[str, Any]:
-    """The decoupled objective's behaviour weight on (`tis`), unless --train-config chooses the ratio
-    or the weight itself."""
-    if cfg.train_config is not None:
-        import yaml
-
-        chosen = yaml.safe_load(Path(cfg.train_config).read_text()) or {}
-        if isinstance(chosen, dict) and ({"tis", "ratio_to"} & set(chosen)):
-            return {}
-    return {"tis": True}

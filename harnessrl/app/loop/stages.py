@@ -41,6 +41,8 @@ def prepare(cfg: LoopConfig) -> Setup:
     """Check the options, load the harness and its tasks (into the DB, for compile-time rewards and
     PACT) before any rollout, so that a mistake fails now."""
     algo = get_algorithm(cfg.algo)
+    if cfg.async_:
+        _check_async(cfg)
     unknown = [p for p in process_rewards(algo, cfg.process) if p not in PROCESS_REWARDS]
     if unknown:
         raise UserError(f"--process {unknown[0]!r}: use {', '.join(PROCESS_REWARDS)} or none")
@@ -68,6 +70,15 @@ def prepare(cfg: LoopConfig) -> Setup:
     train_config(cfg, cfg.out, cfg.model, cfg.out, 0, cfg.steps, cfg.batch_size, cfg.partition or "made from data",
                  cfg.model)
     return Setup(h, algo, db)
+
+
+def _check_async(cfg: LoopConfig) -> None:
+    if cfg.groups_per_step < 1 or cfg.push_every < 1 or cfg.max_staleness < 0 or cfg.eval_every < 0:
+        raise UserError("--groups-per-step and --push-every must be at least 1, --max-staleness and --eval-every "
+                        "at least 0")
+    if cfg.max_queued_steps < cfg.push_every:
+        raise UserError(f"--max-queued-steps {cfg.max_queued_steps}: at least --push-every ({cfg.push_every}), "
+                        "or the trainer would wait for groups the producer holds back")
 
 
 def deadline(cfg: LoopConfig) -> float:
@@ -126,6 +137,18 @@ def train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, first_st
         samples=str(samples), model=model, algo=cfg.algo, out=str(out), steps=steps, batch_size=batch_size,
         lr=cfg.lr, seed=cfg.seed + first_step, temperature=cfg.temperature, partition=partition, ref_model=ref_model,
         pact_schedule_start=first_step, pact_schedule_steps=cfg.rounds * cfg.steps, **flags))
+
+
+def async_correction(cfg: LoopConfig) -> dict[str, Any]:
+    """`loop --async`'s trainer flag: the decoupled objective's behaviour weight on (`tis`, docs/methods.md
+    §6.5), unless --train-config chooses the ratio or the weight itself."""
+    if cfg.train_config is not None:
+        import yaml
+
+        chosen = yaml.safe_load(Path(cfg.train_config).read_text()) or {}
+        if isinstance(chosen, dict) and ({"tis", "ratio_to"} & set(chosen)):
+            return {}
+    return {"tis": True}
 
 
 def write_train_config(path: Path, train_cfg: TrainConfig) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from transformers.utils import logging as hf_logging
 
 from harnessrl.app.loop import stages
-from harnessrl.app.loop.async_driver import AsyncDriver, check
+from harnessrl.app.loop.async_driver import AsyncDriver
 from harnessrl.app.loop.config import LoopConfig
 from harnessrl.app.loop.groups import trainable
 from harnessrl.app.loop.report import plot_curves, round_table
@@ -44,8 +44,6 @@ from harnessrl.trainer.run import train
 def run_loop(cfg: LoopConfig, console: Console | None = None) -> LoopState:
     hf_logging.disable_progress_bar()  # per-round weight loading/saving bars would drown the round table
     console = console or Console()
-    if cfg.async_:
-        check(cfg)
     s = stages.prepare(cfg)
     state_path = cfg.out / "loop_state.json"
     state = LoopState.load(state_path, cfg.model, "async" if cfg.async_ else "sync")
