@@ -17,10 +17,12 @@ rotates with the seed:
   steps on a pinned version (the same evaluation points as sync), the default correction;
 - `async-plain`: the same with the correction off, the plain ratio π_θ/π_behaviour with no clip
   (train-config `{ratio_to: behaviour, tis: false, epsilon: 1.0e+9}`): what the loss and the
-  held-out success do without it.
+  held-out success do without it;
+- `async-s0` (not in the default `--modes`): `async` at `--max-staleness 0`, on-policy: what
+  S = 0 costs in wall time.
 
-Coding family (`--families coding`): the built-in coding agent (`--cmd`) on generated coding tasks in the
-bubblewrap sandbox, hidden-test rewards, the tiny base model: sync vs async, one seed; real
+Coding family (`--families coding`): the built-in coding agent (`--cmd`) on generated coding
+tasks in the bubblewrap sandbox, hidden-test rewards, the tiny base model: sync vs async, one seed; real
 rollouts of seconds each whose length varies with what the agent does.
 
 Reported per mode (bench/async_stats.py says how each is measured): wall time, trainer idle and
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -47,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from async_report import report  # noqa: E402
 from async_stats import measure  # noqa: E402
 
-MODES = ("sync", "async", "async-plain")
+MODES = ("sync", "async", "async-plain", "async-s0")
 TASK_SEED = 0  # the tasks' and the warm start's seed; --seeds are the loops'
 PLAIN = "ratio_to: behaviour\ntis: false\nepsilon: 1.0e+9\n"  # the correction off: the plain ratio, unclipped
 
@@ -56,10 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench-out/async"))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
+    ap.add_argument("--modes", default="sync,async,async-plain", help="of " + ", ".join(MODES))
     ap.add_argument("--families", default="toolbox,coding",
                     help="toolbox (toolbox_slow: --seeds × --modes) and/or coding (the built-in coding agent on "
-                         "coding tasks: sync vs async, one seed)")
+                         "coding tasks: its sync and async of --modes, one seed)")
     ap.add_argument("--quick", action="store_true", help="smoke run: one seed, small sizes")
     ap.add_argument("--report-only", action="store_true", help="render DIR/results.json again without running")
     ap.add_argument("--delay-median", type=float, default=3.0,
@@ -147,7 +150,7 @@ def _loop(args: argparse.Namespace, out: Path, mode: str, seed: int, harness: li
            "--seed", str(seed), "--concurrency", str(concurrency), *extra]
     if mode != "sync":
         cmd += ["--async", "--groups-per-step", str(args.batch_size // args.group_size), "--push-every", "1",
-                "--max-staleness", str(args.max_staleness), "--eval-every", str(args.steps)]
+                "--max-staleness", str(0 if mode == "async-s0" else args.max_staleness), "--eval-every", str(args.steps)]
     if mode == "async-plain":
         (out.parent / "plain.yaml").write_text(PLAIN)
         cmd += ["--train-config", str(out.parent / "plain.yaml")]
@@ -212,10 +215,11 @@ def _coding(args: argparse.Namespace, base: str, results: dict, results_path: Pa
                        stdout=subprocess.DEVNULL)
     coding = argparse.Namespace(**{**vars(args), "group_size": 2, "batch_size": n, "steps": 2,
                                    "rounds": 2})
-    harness = ["--cmd", "python -m harnessrl.harness_examples.coding.agent {task} --max-turns 3 --max-tokens 48",
+    agent = f"{shlex.quote(sys.executable)} -m harnessrl.harness_examples.coding.agent {{task}} --max-turns 3 --max-tokens 48"
+    harness = ["--cmd", agent,
                "--tasks", str(tasks_dir / "coding.jsonl"), "--n-tasks", str(2 * n), "--eval-fraction", "0.5",
                "--model", base]
-    for mode in ("sync", "async"):
+    for mode in (m for m in ("sync", "async") if m in args.modes.split(",")):
         key = f"{mode}/0"
         if key not in results["coding"]:
             results["coding"][key] = _loop(coding, args.out / "coding" / mode, mode, 0, harness, 2, n,
