@@ -103,8 +103,14 @@ def test_async_loop_trains_steps_on_groups_and_records_their_versions(tiny_model
     train_ids = {r for g in state["groups"].values() for r in g.get("rollouts") or ()}
     assert len({c.weight_version for c in calls if c.rollout_id in train_ids}) >= 2
     # the decoupled correction is on by default
-    config = json.loads((out / "step-0" / "train_config.json").read_text())
-    assert config["tis"] is True and config["ratio_to"] == "round"
+    configs = [json.loads((out / f"step-{r['step']}" / "train_config.json").read_text()) for r in state["steps"]]
+    assert configs[0]["tis"] is True and configs[0]["ratio_to"] == "round"
+    # Adam goes on across pushes: each step starts from the last checkpoint's optimizer state, which
+    # only the newest checkpoint keeps
+    steps = state["steps"]
+    assert [c["optimizer_state"] for c in configs] == [None] + [str(Path(r["checkpoint"]) / "optimizer.pt")
+                                                                for r in steps[:-1]]
+    assert [(Path(r["checkpoint"]) / "optimizer.pt").is_file() for r in steps] == [False] * 3 + [True]
     # evaluations after steps 1 and 3; step 1's on its own version, pinned while training went on
     assert [e["step"] for e in state["evals"]] == [1, 3] and state["evals"][0]["pinned"]
     for e in state["evals"]:

@@ -46,6 +46,10 @@ class TrainConfig:
     # transformers' `optim` (adamw_torch, sgd, ...). Adam moves every parameter by about lr at a round's
     # first steps whatever its gradient; sgd moves each in proportion to it (needs a far larger lr)
     optim: str = "adamw_torch"
+    # an earlier checkpoint's optimizer.pt: its moments and step count go on (trainer/optimizer_state.py;
+    # the loop passes the last checkpoint's, so rounds and pushes do not restart Adam)
+    optimizer_state: str | None = option(None, panel=TRAINING, help="An earlier checkpoint's optimizer.pt to start "
+                                         "the optimizer from (Adam's moments and step count carried on).")
     epsilon: float = option(  # ε_lo
         0.2, panel=TRAINING, help="Clip ε (low; high too unless set in the config).")
     epsilon_high: float | None = None  # ε_hi; None = ε_lo

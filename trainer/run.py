@@ -12,6 +12,8 @@ from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.data import Dataset, load_samples
 from harnessrl.trainer.grpo import HarnessTrainer
 from harnessrl.trainer.matpo import MatpoTrainer
+from harnessrl.trainer.optimizer_state import LoadOptimizerState
+from harnessrl.trainer.optimizer_state import save as save_optimizer_state
 from harnessrl.trainer.pact import PactTrainer
 
 
@@ -55,12 +57,13 @@ def build_trainer(cfg: TrainConfig, data: Dataset | None = None, callbacks=None)
 def train(cfg: TrainConfig) -> RunResult:
     from harnessrl.trainer.push import new_version, push, save_checkpoint
 
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(cfg, callbacks=[LoadOptimizerState(cfg.optimizer_state)] if cfg.optimizer_state else None)
     trainer.train()
     from accelerate.utils import broadcast_object_list
 
     version = cfg.version or broadcast_object_list([new_version(cfg.algo)])[0]  # one name on every rank
     path = save_checkpoint(trainer, cfg.out, version)
+    save_optimizer_state(trainer, path)
     pushed = False
     if cfg.push and trainer.accelerator.is_main_process:
         version = push(cfg.push, path, version, cfg.push_target, lora=cfg.lora, db=cfg.db)

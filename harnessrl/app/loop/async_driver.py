@@ -280,8 +280,9 @@ class AsyncDriver:
             for (gid, stale), g in zip(taken, groups):
                 g.update(status="trained", step=first, staleness=stale)
             st.steps.append(row)
-            st.model = str(result.checkpoint)
+            previous, st.model = st.model, str(result.checkpoint)
             st.save(self.path)
+        stages.moved_on(cfg, previous)
         hit("push")
         version = push(self.url, result.checkpoint, result.version)
         with st.lock:

@@ -61,6 +61,9 @@ class LoopConfig:
     batch_size: int = option(8, panel=TRAINING, help="Samples per optimizer step (--async: a step takes whole groups, "
                              "--groups-per-step).")
     lr: float = option(1e-4, panel=TRAINING, help="Learning rate.")
+    carry_optimizer: bool = option(  # trainer/optimizer_state.py: rounds and pushes do not restart Adam
+        True, "--carry-optimizer/--fresh-optimizer", panel=TRAINING, help="Start each round's (--async: each push's) "
+        "optimizer from the last checkpoint's state, as one long training run; --fresh-optimizer restarts Adam.")
     temperature: float = option(1.0, panel=ROLLOUTS, help="Sampling temperature of training rollouts.")
     concurrency: int = option(8, panel=ROLLOUTS, help="Rollouts in flight at once.")
     seed: int = option(0, panel=TRAINING, help="Seed of tasks, sampling and training.")

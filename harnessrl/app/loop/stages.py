@@ -24,6 +24,7 @@ from harnessrl.console import Console
 from harnessrl.errors import UserError
 from harnessrl.proxy.server import ProxyConfig
 from harnessrl.trainer.config import TrainConfig, load_config
+from harnessrl.trainer.optimizer_state import FILE as OPTIMIZER_STATE
 from harnessrl.trainer.sft import SftConfig, sft
 
 DEFAULT_DEADLINE = 3600.0  # the executor's backstop when no per-rollout timeout is given: a hung rollout ends the wait
@@ -132,11 +133,22 @@ def train_config(cfg: LoopConfig, samples: Path, model: str, out: Path, first_st
     """The trainer's options for `steps` optimizer steps from the loop's step `first_step`:
     --train-config's, under the loop's own flags (`flags` last). PACT's schedules (λ_a, the reasoning
     level) anneal once over the loop's rounds × steps, as over the paper's whole training; the KL
-    reference is the initial policy throughout."""
+    reference is the initial policy throughout; the optimizer goes on from `model`'s state, where
+    the loop wrote one (`--carry-optimizer`)."""
+    carried = Path(model) / OPTIMIZER_STATE
     return load_config(cfg.train_config, dict(
         samples=str(samples), model=model, algo=cfg.algo, out=str(out), steps=steps, batch_size=batch_size,
         lr=cfg.lr, seed=cfg.seed + first_step, temperature=cfg.temperature, partition=partition, ref_model=ref_model,
-        pact_schedule_start=first_step, pact_schedule_steps=cfg.rounds * cfg.steps, **flags))
+        pact_schedule_start=first_step, pact_schedule_steps=cfg.rounds * cfg.steps,
+        optimizer_state=str(carried) if cfg.carry_optimizer and carried.is_file() else None, **flags))
+
+
+def moved_on(cfg: LoopConfig, old_model: str) -> None:
+    """The loop's newest checkpoint carries the optimizer now: the older one's state file, written by
+    this loop, goes (it is as large as two copies of the weights); the weights stay."""
+    old = Path(old_model).resolve()
+    if cfg.out.resolve() in old.parents:
+        (old / OPTIMIZER_STATE).unlink(missing_ok=True)
 
 
 def async_correction(cfg: LoopConfig) -> dict[str, Any]:

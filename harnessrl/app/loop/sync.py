@@ -115,8 +115,10 @@ def _run_rounds(cfg: LoopConfig, ex: Executor, s: stages.Setup, state: LoopState
                            stages.group_success(results), stages.train_log(log), busy, sum(seconds))
             state.rounds.append(asdict(row))
             _totals(state, cfg.steps)
-            state.model = checkpoint
+            previous, state.model = state.model, checkpoint
             state.save(state_path)
+            if previous != checkpoint:
+                stages.moved_on(cfg, previous)
             console.print(round_table(state))
 
 
