@@ -22,6 +22,7 @@ from rich.progress import Progress
 
 from harnessrl.app.rollouts.harnesses import Runner
 from harnessrl.app.rollouts.jobs import Job, lost
+from harnessrl.app.sandbox.running import stop_threads
 from harnessrl.errors import UserError
 
 EXECUTORS = ("local", "ray")
@@ -85,12 +86,15 @@ class LocalFlight:
         self.runner, self.url, self.deadline = runner, url, deadline
         self._done: queue.Queue[tuple[Hashable, Any, BaseException | None]] = queue.Queue()
         self._running: dict[Hashable, tuple[Job, float]] = {}  # key -> (job, when it started)
+        self._threads: dict[Hashable, threading.Thread] = {}
 
     def submit(self, key: Hashable, job: Job) -> None:
         if key in self._running:
             raise ValueError(f"a rollout under key {key!r} is already in flight")
         self._running[key] = (job, time.monotonic())
-        threading.Thread(target=self._work, args=(key, job), name=f"rollout-{key}", daemon=True).start()
+        thread = threading.Thread(target=self._work, args=(key, job), name=f"rollout-{key}", daemon=True)
+        self._threads[key] = thread
+        thread.start()
 
     def _work(self, key: Hashable, job: Job) -> None:
         try:
@@ -102,7 +106,11 @@ class LocalFlight:
         return len(self._running)
 
     def cancel(self) -> None:
-        self._running.clear()  # a thread cannot be stopped; it opened its rollout when it started
+        """A thread cannot be stopped, but the command it waits for can (a `--cmd` rollout's): killed,
+        its rollout ends failed ("stopped"); a Python harness's thread runs on, its result dropped."""
+        stop_threads(self._threads[key].ident for key in self._running)
+        self._running.clear()
+        self._threads.clear()
 
     def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
         out: list[tuple[Hashable, Job, Any]] = []
@@ -118,6 +126,7 @@ class LocalFlight:
                 key, result, exc = item
                 if key in self._running:  # else given up before: it was counted as failed
                     job, _ = self._running.pop(key)
+                    self._threads.pop(key, None)
                     if exc is not None:
                         raise exc
                     out.append((key, job, result))
@@ -127,7 +136,8 @@ class LocalFlight:
         now = time.monotonic()
         for key, (job, t0) in list(self._running.items()):
             if self.deadline is not None and now - t0 >= self.deadline:
-                del self._running[key]
+                del self._running[key]  # its command has its own timeout, below the deadline
+                self._threads.pop(key)
                 out.append((key, job, lost(job, f"no result within the {self.deadline:g} s rollout deadline")))
         return out
 

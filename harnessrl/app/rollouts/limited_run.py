@@ -164,6 +164,9 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
             done, last = _run(cmd, env, opts, mounts, host_relay, stdout)
         metrics = {"exit_code": float(done.code), "harness_seconds": round(done.seconds, 3),
                    "timed_out": float(done.timed_out)}
+        if done.stopped:
+            return RunResult(ro.id, done.code, None, error="stopped: the loop ended before this rollout did",
+                             metrics=metrics)
         if done.timed_out:
             return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s", metrics=metrics)
         if done.capped:

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from harnessrl.app.sandbox.caps import UNPACK, CappedOutput, Export, PidsCgroup, pids_base
 from harnessrl.app.sandbox.launch import pump  # the launcher's own relay loop, so both ends forward alike
+from harnessrl.app.sandbox.running import registered
 from harnessrl.errors import UserError
 
 SANDBOXES = ("bwrap", "none")
@@ -73,6 +74,7 @@ class Finished:
     timed_out: bool
     seconds: float
     capped: str | None = None  # the cap the command ran into (disk, file-size, procs): the policy's doing, scored
+    stopped: bool = False  # killed because nobody needs its result any more (`running.stop_threads`)
 
 
 def parse_size(text: str, flag: str = "--memory", least: int = 1 << 20) -> int | None:
@@ -353,12 +355,19 @@ def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mount
         except ProcessLookupError:
             pass
 
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        kill()
+
     timer = threading.Timer(limits.timeout, kill) if limits.timeout else None
     if timer is not None:
         timer.daemon = True
         timer.start()
     try:
-        code = proc.wait()
+        with registered(stop):
+            code = proc.wait()
     except BaseException:
         kill()  # interrupted: the rollout's processes go with it
         proc.wait()
@@ -383,6 +392,8 @@ def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mount
     code = code if code >= 0 else 128 - code
     if code == 128 + signal.SIGXFSZ:
         hits.append("file-size")
+    if stopped.is_set():
+        return Finished(code, False, time.perf_counter() - started, stopped=True)
     if fired.is_set():
         return Finished(TIMED_OUT, True, time.perf_counter() - started)
     return Finished(code, False, time.perf_counter() - started, hits[0] if hits else None)
