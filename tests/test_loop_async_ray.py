@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from ray_cluster import local_cluster, raylet_pid
 from sqlalchemy import select
 
 from harnessrl.db import open_db
@@ -27,15 +28,7 @@ AGENT = Path(__file__).with_name("async_agent.py")
 
 @pytest.fixture(scope="module")
 def cluster():
-    # as tests/test_ray_loop.py: everything on the loopback, the loop's driver inherits this too
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
-                                                      "include_dashboard": False})
-    workers = [c.add_node(num_cpus=2, node_ip_address="127.0.0.1") for _ in range(2)]
-    yield c, workers
-    c.shutdown()
+    yield from local_cluster()
 
 
 def test_async_loop_on_ray_survives_a_node_killed_mid_flight(cluster, tiny_model_dir, tmp_path):

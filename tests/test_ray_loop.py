@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from ray_cluster import local_cluster, raylet_pid
 from sqlalchemy import select
 
 from harnessrl.db import open_db
@@ -26,20 +27,7 @@ AGENT = Path(__file__).with_name("concurrency_agent.py")
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Ray resolves 127.0.0.1 to the machine's outward address unless told this is no real
-    # cluster; everything here stays on the loopback (the loop's driver inherits this too)
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
-                                                      "include_dashboard": False})
-    workers = [c.add_node(num_cpus=2, node_ip_address="127.0.0.1") for _ in range(2)]
-    yield c, workers
-    c.shutdown()
-
-
-def _raylet(node) -> int:
-    return node.all_processes["raylet"][0].process.pid
+    yield from local_cluster()
 
 
 def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_path):
@@ -60,7 +48,7 @@ def test_loop_on_ray_survives_a_killed_worker_node(cluster, tiny_model_dir, tmp_
     while len(list(round_dir.glob("*.start"))) < 4 and time.time() < deadline and loop.poll() is None:
         time.sleep(0.1)
     started = {p.stem: json.loads(p.read_text())["raylet"] for p in round_dir.glob("*.start")}
-    raylets = [str(_raylet(w)) for w in workers]
+    raylets = [str(raylet_pid(w)) for w in workers]
     on_victim = {rid for rid, raylet in started.items() if raylet == raylets[1]}
     c.remove_node(workers[1], allow_graceful=False)  # the raylet and its workers killed mid-rollout
     output, _ = loop.communicate(timeout=600)
