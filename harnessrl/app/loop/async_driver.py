@@ -175,8 +175,11 @@ class AsyncDriver:
         ids = counted(results)
         reward, success, validity = stages.summary(results)
         with self.st.lock:
+            errors = [r.error for r in results if getattr(r, "error", None)]
             g.update(status="rolled", rollouts=list(ids) if ids is not None else None, reward=reward, success=success,
-                     validity=validity, failed=sum(1 for r in results if getattr(r, "error", None)))
+                     validity=validity, failed=len(errors))
+            if errors:
+                g["error"] = str(errors[0])[:300]  # the first, for the give-up message
             self.st.save(self.path)
         self.compile_q.put(gid)
 
@@ -191,29 +194,29 @@ class AsyncDriver:
             self._compile(gid)
 
     def _compile(self, gid: str) -> None:
+        """The group alone, into its own samples directory; queued if it holds a token to train."""
         g = self.st.groups[gid]
-        if g["rollouts"] == []:  # every rollout failed: nothing to compile, never a 0 reward
-            with self.st.lock:
-                g.update(status="failed", why="every rollout of the group failed")
-                self.st.save(self.path)
-            return
         out = self.cfg.out / "groups" / gid / "samples"
-        totals = stages.compile_run(self.cfg, self.s, g["tag"], out, tuple(g["rollouts"] or ()))["totals"]
-        samples = int(totals.get("samples", 0))
-        useful = trainable(out)  # else nothing to learn: no sample, or no token the trainer would train
-        versions = sorted(trained_versions_of(out), key=lambda v: v or "") if useful else []
+        samples, useful, versions, tokens = 0, False, [], 0
+        if g["rollouts"] != []:  # else every rollout failed: nothing to compile, never a 0 reward
+            totals = stages.compile_run(self.cfg, self.s, g["tag"], out, tuple(g["rollouts"] or ()))["totals"]
+            samples, tokens = int(totals.get("samples", 0)), int(totals.get("tokens_recorded", 0))
+            useful = trainable(out)  # else nothing to learn: no sample, or no token the trainer would train
+            versions = sorted(trained_versions_of(out), key=lambda v: v or "") if useful else []
         hit("compile")
         with self.cond:
             g.update(status="ready" if useful else "failed", samples=samples, samples_dir=str(out), versions=versions,
-                     tokens=int(totals.get("tokens_recorded", 0)))
+                     tokens=tokens)
             if not useful:
-                g["why"] = "no token to train" if samples else "no sample"
+                g["why"] = ("every rollout failed" if g["rollouts"] == [] else
+                            "no token to train" if samples else "no sample")
             self.no_signal = 0 if useful else self.no_signal + 1
             self.st.save(self.path)
             self.cond.notify_all()
         if self.no_signal >= NO_SIGNAL:
-            raise UserError(f"the last {NO_SIGNAL} groups had no token to train (no sample, or a mask that trains "
-                            "nothing): check that the harness's calls go through the proxy and the --algo's agents")
+            last = f"; the last one's first rollout error: {g['error']}" if g.get("error") else ""
+            raise UserError(f"the last {NO_SIGNAL} groups gave nothing to train (every rollout failed, no sample, or "
+                            f"no token the --algo trains){last}")
 
     # -- the trainer -----------------------------------------------------------------------------
 
