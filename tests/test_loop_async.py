@@ -75,6 +75,7 @@ def _check_accounting(out: Path) -> dict:
         assert row["staleness"] == [now - min(_index(state, v) for v in state["groups"][g]["versions"])
                                     for g in row["groups"]]
         assert all(state["groups"][g]["staleness"] == s for g, s in zip(row["groups"], row["staleness"]))
+        assert row["group_versions"] == [state["groups"][g]["versions"] for g in row["groups"]]
         samples = pq.read_table(out / f"step-{row['step']}" / "samples" / "samples.parquet").to_pydict()
         assert set(samples["rollout_id"]) <= {r for g in row["groups"] for r in state["groups"][g]["rollouts"]}
         assert len(samples["rollout_id"]) == row["samples"]

@@ -273,7 +273,8 @@ class AsyncDriver:
         result = train(train_cfg)
         hit("step")
         row = {"step": first, "steps": n, "from_version": st.versions[-1], "version": result.version,
-               "groups": [gid for gid, _ in taken], "staleness": [s for _, s in taken], "samples": samples,
+               "groups": [gid for gid, _ in taken], "group_versions": [g["versions"] for g in groups],
+               "staleness": [s for _, s in taken], "samples": samples,
                "tokens": sum(g.get("tokens", 0) for g in groups),
                "reward": sum(g["reward"] for g in groups) / len(groups),
                "success": sum(g["success"] for g in groups) / len(groups),
