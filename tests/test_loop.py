@@ -71,7 +71,7 @@ def test_loop_runs_rounds_and_resumes_after_a_killed_round(tiny_model_dir, tmp_p
     _, Session = open_db(str(out / "runs.db"))
     with Session() as s:
         runs = {r.id: r.run for r in s.scalars(select(Rollout))}
-        versions = s.scalars(select(WeightVersion.version)).all()
+        versions = s.scalars(select(WeightVersion.version).order_by(WeightVersion.id)).all()  # push order
     assert {runs[r] for r in samples["rollout_id"]} == {"round-1-a3"}
     assert len(samples["rollout_id"]) >= 2 * 2  # 2 training tasks × group 2, at least one sample each
     assert [r["version"] for r in state["rounds"]] == [v for v in versions if v in {r["version"] for r in state["rounds"]}]

@@ -43,7 +43,7 @@ def _db(out: Path):
     with Session() as s:
         rollouts = {r.id: r for r in s.scalars(select(Rollout))}
         calls = list(s.scalars(select(Call)))
-        pushed = s.scalars(select(WeightVersion.version)).all()
+        pushed = s.scalars(select(WeightVersion.version).order_by(WeightVersion.id)).all()  # push order
     return rollouts, calls, pushed
 
 

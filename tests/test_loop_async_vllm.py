@@ -114,7 +114,7 @@ def test_async_loop_on_vllm(vllm_url, vllm_model_dir, tmp_path):
     with Session() as s:
         runs = {r.id: r.run for r in s.scalars(select(Rollout))}
         rows = list(s.scalars(select(Call)))
-        pushed = s.scalars(select(WeightVersion.version)).all()
+        pushed = s.scalars(select(WeightVersion.version).order_by(WeightVersion.id)).all()  # push order
     assert state["totals"]["steps"] == 2 and state["versions"] == [None, *pushed]
     assert [r["version"] for r in state["steps"]] == pushed and len(set(pushed)) == 2
     kept = {r for g in state["groups"].values() for r in g.get("rollouts") or ()}
