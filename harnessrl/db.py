@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, make_url
@@ -100,6 +101,12 @@ def _script_location() -> str:
     raise DBError("the records DB migrations (alembic/) are missing from this installation")
 
 
+# Alembic's `context` and `op` are module-level proxies bound for the run of one migration: two
+# upgrades at once on two threads (an async loop's compile and a pinned evaluation's proxy) clobber
+# each other's ("'script'", "table alembic_version already exists"). One at a time in a process.
+_UPGRADE_LOCK = threading.Lock()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Run the Alembic migrations up to `revision` on this engine."""
     from alembic import command
@@ -116,7 +123,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
                 # (an advisory lock of this transaction, keyed by the schema it migrates)
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext(current_schema()))")
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+            with _UPGRADE_LOCK:
+                command.upgrade(cfg, revision)
     except Exception as exc:  # noqa: BLE001 - surfaced as one line to the user
         raise DBError(f"cannot open or migrate the records DB {engine.url!r}: {exc}") from exc
 

@@ -57,3 +57,27 @@ def test_alembic_head_is_the_orm_schema(db_target):
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
         assert compare_metadata(ctx, Base.metadata) == []
+
+
+def test_dbs_opened_on_several_threads_at_once_all_migrate(tmp_path):
+    # Alembic's context is process-wide: an async loop compiling a group while a pinned evaluation's
+    # proxy opened the DB failed with "'script'" (B's benchmark). Without the lock in db.upgrade every
+    # one of 6 threads opening a new file at once failed, here and in all of 5 tries.
+    import threading
+
+    barrier, errors = threading.Barrier(6), []
+
+    def open_one(i: int) -> None:
+        barrier.wait()
+        try:
+            engine, _ = open_db(str(tmp_path / f"{i}.db"))
+            assert "rollouts" in inspect(engine).get_table_names()
+        except Exception as exc:  # noqa: BLE001 - collected, asserted below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
