@@ -43,12 +43,14 @@ def test_generation_is_deterministic_varied_and_held_out_apart():
 def test_without_its_salt_the_seed_does_not_replay_the_tasks():
     """What a sandboxed agent can do: run the installed generator with the seed (0, the default)."""
     made = generate(4, 2, seed=0, salt="the operator's secret")
+    made_hidden = {json.dumps(r["hidden_tests"]) for r in made[0] + made[1]}
     for replay in (generate(4, 2, seed=0), generate(4, 2, seed=0, salt=""), generate(4, 2, seed=0, salt="other")):
-        # no reference, and no hidden test file, of any replayed task is one of the made tasks'
-        references = {json.dumps(r["reference"]) for r in replay[0] + replay[1]}
-        hidden = {json.dumps(r["hidden_tests"]) for r in replay[0] + replay[1]}
-        assert not references & {json.dumps(r["reference"]) for r in made[0] + made[1]}
-        assert not hidden & {json.dumps(r["hidden_tests"]) for r in made[0] + made[1]}
+        # no replay is the made task set, and no hidden test file of a replayed task is one of the
+        # made tasks' (what the reward rests on). A reference module is not checked: it is the task's
+        # answer, and the templates' small modules come out alike by chance (1 guess in 3 made one
+        # of them again; asserting none flaked in CI)
+        assert replay != made
+        assert not {json.dumps(r["hidden_tests"]) for r in replay[0] + replay[1]} & made_hidden
     assert generate(4, 2, seed=0) != generate(4, 2, seed=0)  # no salt: a fresh one each call
 
 
