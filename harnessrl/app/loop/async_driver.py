@@ -107,6 +107,7 @@ class AsyncDriver:
             self._check()
             if st.steps and (not st.evals or st.evals[-1]["step"] != st.steps[-1]["step"]):
                 self._eval(st.steps[-1]["step"], st.model, st.versions[-1], pinned=False)
+            self._end_running()
         self._add("wall_s", time.monotonic() - started)
         self._totals()
         self.console.print(step_table(st))
@@ -348,12 +349,14 @@ class AsyncDriver:
         st.save(self.path)
 
     def _end_running(self) -> None:
-        """The groups still out when training ends are never trained: their rollouts are failed."""
-        running = {gid: g for gid, g in self.st.groups.items() if g["status"] == "running"}
-        stages.fail_running(self.url, [g["tag"] for g in running.values()], "the loop ended before its group did",
+        """The groups still out when training ends are never trained: their rollouts are failed. Run
+        again as the loop leaves its proxy, for a rollout a harness thread opened after the first
+        pass (a thread cannot be stopped, only kept from starting: `LocalFlight.cancel`)."""
+        ended = [g for g in self.st.groups.values() if g["status"] == "running" or g.get("why") == "the loop ended"]
+        stages.fail_running(self.url, [g["tag"] for g in ended], "the loop ended before its group did",
                             finished_too=True)
         with self.st.lock:
-            for g in running.values():
+            for g in ended:
                 g.update(status="failed", why="the loop ended")
             self.st.save(self.path)
 

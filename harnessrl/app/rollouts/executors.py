@@ -87,6 +87,7 @@ class LocalFlight:
         self._done: queue.Queue[tuple[Hashable, Any, BaseException | None]] = queue.Queue()
         self._running: dict[Hashable, tuple[Job, float]] = {}  # key -> (job, when it started)
         self._threads: dict[Hashable, threading.Thread] = {}
+        self._cancelled = False
 
     def submit(self, key: Hashable, job: Job) -> None:
         if key in self._running:
@@ -97,6 +98,8 @@ class LocalFlight:
         thread.start()
 
     def _work(self, key: Hashable, job: Job) -> None:
+        if self._cancelled:  # started too late: it opens no rollout
+            return
         try:
             self._done.put((key, job.run(self.runner, self.url), None))
         except BaseException as exc:  # noqa: BLE001 - handed to the collecting thread, raised there
@@ -108,6 +111,7 @@ class LocalFlight:
     def cancel(self) -> None:
         """A thread cannot be stopped, but the command it waits for can (a `--cmd` rollout's): killed,
         its rollout ends failed ("stopped"); a Python harness's thread runs on, its result dropped."""
+        self._cancelled = True
         stop_threads(self._threads[key].ident for key in self._running)
         self._running.clear()
         self._threads.clear()
