@@ -188,3 +188,16 @@ def test_async_options_are_checked_before_anything_runs(tiny_model_dir, tmp_path
     (tmp_path / "b" / "loop_state.json").write_text(json.dumps({"model": str(tiny_model_dir), "mode": "sync"}))
     mixed = _run(_cmd(tiny_model_dir, tmp_path / "b", "--steps", "2"))
     assert mixed.returncode == 2 and "a sync loop's" in mixed.stderr and "Traceback" not in mixed.stderr
+
+
+def test_async_loop_on_the_toolbox_family(tiny_model_dir, tmp_path):
+    # the learning benchmark's family (harness_examples/toolbox), as bench/async_loop.py runs it
+    out = tmp_path / "loop"
+    cmd = LOOP + ["--harness", "toolbox", "--model", str(tiny_model_dir), "--out", str(out), "--async", "--n-tasks",
+                  "8", "--group-size", "2", "--groups-per-step", "2", "--concurrency", "4", "--rounds", "1",
+                  "--steps", "2"]
+    done = _run(cmd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = _check_accounting(out)
+    assert state["totals"]["steps"] == 2 and [len(r["groups"]) for r in state["steps"]] == [2, 2]
+    assert state["evals"] and state["evals"][-1]["version"] == state["steps"][-1]["version"]
