@@ -56,6 +56,7 @@ from harnessrl.trainer.push import push
 from harnessrl.trainer.run import train
 
 WAITING = ("rolled", "ready")  # the queue: groups whose rollouts are in, compiled or not yet
+DRAIN_S = 30.0  # how long the end waits for the rollouts it gave up to stop (see Flight.drain)
 NO_SIGNAL = 50  # groups in a row with no token to train before the loop gives up (it would wait forever)
 
 
@@ -72,6 +73,7 @@ class AsyncDriver:
         self.url = ""
         self.attempt = 0
         self.no_signal = 0  # groups compiled in a row with no token to train
+        self.flight: Flight | None = None
 
     def run(self, interrupted: int | None) -> None:
         """`interrupted`: the attempt a killed loop was in, whose rollouts outside groups (the teacher
@@ -102,6 +104,8 @@ class AsyncDriver:
                 for t in threads:
                     t.join()
                 self._end_running()
+                if self.flight is not None:  # a harness whose rollout was just failed ends at its next call
+                    self.flight.drain(DRAIN_S)
                 for t in self.evals:
                     t.join()
             self._check()
@@ -115,7 +119,7 @@ class AsyncDriver:
     # -- the producer ----------------------------------------------------------------------------
 
     def _produce(self) -> None:
-        flight = self.ex.flight(self.s.h.run, self.url)
+        self.flight = flight = self.ex.flight(self.s.h.run, self.url)
         try:
             self._keep_in_flight(flight)
         finally:

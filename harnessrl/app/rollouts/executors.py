@@ -45,6 +45,11 @@ class Flight(Protocol):
         the executor can stop one: a Ray task is cancelled; a thread runs on, its result dropped)."""
         ...
 
+    def drain(self, timeout: float) -> None:
+        """After `cancel` (and after their rollouts were failed, which ends a harness at its next
+        call): wait up to `timeout` s for what still runs, so that none is left half-way."""
+        ...
+
 
 class Executor(Protocol):
     proxy_host: str  # the address the proxy must listen on for the rollouts to reach it
@@ -88,6 +93,7 @@ class LocalFlight:
         self._running: dict[Hashable, tuple[Job, float]] = {}  # key -> (job, when it started)
         self._threads: dict[Hashable, threading.Thread] = {}
         self._cancelled = False
+        self._cancelled_threads: list[threading.Thread] = []
 
     def submit(self, key: Hashable, job: Job) -> None:
         if key in self._running:
@@ -113,8 +119,14 @@ class LocalFlight:
         its rollout ends failed ("stopped"); a Python harness's thread runs on, its result dropped."""
         self._cancelled = True
         stop_threads(self._threads[key].ident for key in self._running)
+        self._cancelled_threads = [self._threads[key] for key in self._running]
         self._running.clear()
         self._threads.clear()
+
+    def drain(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        for thread in self._cancelled_threads:
+            thread.join(max(0.0, end - time.monotonic()))
 
     def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
         out: list[tuple[Hashable, Job, Any]] = []

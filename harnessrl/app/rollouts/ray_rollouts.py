@@ -115,6 +115,9 @@ class RayFlight:
             ray.wait(refs, num_returns=len(refs), timeout=60)
         self._pending.clear()
 
+    def drain(self, timeout: float) -> None:
+        """Nothing is left: `cancel` waited for Ray to stop every task."""
+
     def finished(self, timeout: float | None) -> list[tuple[Hashable, Job, Any]]:
         if not self._pending:
             return []
