@@ -22,8 +22,9 @@ one seed, one torch thread; `--jobs` of them at once):
 Every finished run is a line of the ledger (`--ledger`, committed to the repository: a benchmark
 that takes longer than a working session is run in chunks, and a line is never trained again).
 Settings that change what a run means (`--rounds`, `--group-size`, …, passed through after `--`)
-are part of each line's key, and so is a fingerprint of the task families' code (bench/learning.py,
-bench/learning_families.py, harness_examples/toolbox/): change a family and its runs are run again."""
+are part of each line's key, and so is a fingerprint of the family's code (bench/learning*.py and
+the harness_examples/toolbox/ modules it is made of): change a family and its runs are run again,
+the other families' are kept."""
 
 from __future__ import annotations
 
@@ -46,16 +47,23 @@ from learning_stats import holm, paired_test  # noqa: E402
 BENCH = Path(__file__).resolve().parent
 
 
-def _tasks_code() -> str:
-    """A fingerprint of what makes the task families and their warm starts: a run made before
-    they changed is not this benchmark's run (the trainer and the loop may change and keep it)."""
-    root = BENCH.parent
+# the modules of harness_examples/toolbox/ each family's tasks, tools and warm start are made of
+# (tasks.py, the toolbox itself, and harness.py belong to every family)
+FAMILY_MODULES = {"toolbox": (), "capo-multihop": ("multihop",), "matpo-delegate": ("multihop", "noisy_delegate"),
+                  "pact-sparse": ("sparse",)}
+
+
+def _tasks_code(family: str) -> str:
+    """A fingerprint of what makes a task family and its warm start: a run made before they changed
+    is not this benchmark's run (the trainer and the loop may change and keep it; another family's
+    module may change and keep it)."""
+    root, toolbox = BENCH.parent, BENCH.parent / "harness_examples" / "toolbox"
     files = [BENCH / "learning.py", *sorted(BENCH.glob("learning_families*.py")), BENCH / "learning_warm.py",
-             *sorted((root / "harness_examples" / "toolbox").glob("*.py"))]
+             *(toolbox / f"{m}.py" for m in ("__init__", "tasks", "harness", *FAMILY_MODULES[family]))]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
 
 
-TASKS_CODE = _tasks_code()
+TASKS_CODE = {family: _tasks_code(family) for family in FAMILY_MODULES}
 # each paper's claim: its algorithm above the baseline on the family built from its setting
 CLAIMS = {"capo": "capo-multihop", "matpo": "matpo-delegate", "pact": "pact-sparse"}
 
@@ -103,7 +111,7 @@ class Ledger:
 
     @staticmethod
     def key(stage: str, family: str, algo: str, lr: float, seed: int, extra: list[str]) -> str:
-        return json.dumps([stage, family, algo, lr, seed, extra, TASKS_CODE])
+        return json.dumps([stage, family, algo, lr, seed, extra, TASKS_CODE[family]])
 
     def get(self, key: str) -> dict | None:
         return next((x for x in self.lines if x["key"] == key), None)

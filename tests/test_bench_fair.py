@@ -126,3 +126,45 @@ def test_the_report_pairs_by_seed_and_corrects_over_the_comparisons(tmp_path):
     assert "pact-sparse: why" in text and "groups with a success, round 1" in text
     assert any(line.split()[:3] == ["│", "pact", "│"] and "0.20" in line and "0.01" in line for line in text.splitlines())
     assert json.loads(Path(args.ledger).read_text().splitlines()[0])["stage"] == "tune"
+
+
+def test_a_family_s_fingerprint_covers_its_own_modules_only(tmp_path):
+    """A change to matpo-delegate's noisy tools starts its runs again and keeps the other families'."""
+    import shutil
+
+    root = BENCH.parent
+    shutil.copytree(BENCH, tmp_path / "bench", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    shutil.copytree(root / "harness_examples" / "toolbox", tmp_path / "harness_examples" / "toolbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+    def codes():
+        spec = importlib.util.spec_from_file_location("bench_fair_copy", tmp_path / "bench" / "fair.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(tmp_path / "bench"))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(tmp_path / "bench"))
+        return module.TASKS_CODE
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        families = importlib.import_module("learning_families").FAMILIES
+    finally:
+        sys.path.remove(str(BENCH))
+    before = codes()
+    assert set(before) == set(families) and len(set(before.values())) == len(families)
+    noisy = tmp_path / "harness_examples" / "toolbox" / "noisy_delegate.py"
+    noisy.write_text(noisy.read_text() + "\n# changed\n")
+    after = codes()
+    assert after["matpo-delegate"] != before["matpo-delegate"]
+    assert {f: after[f] for f in families if f != "matpo-delegate"} == {f: before[f] for f in families
+                                                                       if f != "matpo-delegate"}
+    hop = tmp_path / "harness_examples" / "toolbox" / "multihop.py"  # both two-hop families are made of it
+    hop.write_text(hop.read_text() + "\n# changed\n")
+    again = codes()
+    assert again["capo-multihop"] != after["capo-multihop"] and again["matpo-delegate"] != after["matpo-delegate"]
+    assert again["pact-sparse"] == before["pact-sparse"] and again["toolbox"] == before["toolbox"]
+    shared = tmp_path / "bench" / "learning_warm.py"  # the warm start belongs to every family
+    shared.write_text(shared.read_text() + "\n# changed\n")
+    assert not set(codes().values()) & set(again.values())
