@@ -28,7 +28,9 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     $PIP install -q "torch==${HARNESSRL_CPU_TORCH:-2.13.0}"
   fi
 fi
-$PIP install -q -e ".[$EXTRAS]"
+# setuptools tells every editable install of a package-dir layout (ours maps trainer/ to
+# harnessrl.trainer, …) to beware of same-named folders: information only, printed as a warning block
+PYTHONWARNINGS="ignore:Editable installation" $PIP install -q -e ".[$EXTRAS]"
 if [[ ",$EXTRAS," == *",examples,"* ]]; then
   $PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
 fi
