@@ -66,7 +66,7 @@ def setup(args: argparse.Namespace, seed: int, single: bool, sft_tasks: Callable
         train, held = noisy_delegate.generate(seed, delegate=not single)
         rows = _checked(lambda: noisy_delegate.inconsistent_expert(sft_tasks(train), multihop.world(seed),
                                                                    args.expert_traces, hop_right(args)))
-        planner = [] if single else noisy_delegate.planner_drill() * args.copy_drill
+        planner = [] if single else noisy_delegate.drills() * args.copy_drill
         return Setup(train, held, rows + _drill(args) + planner, noisy_delegate.write,
                      "noisy_single" if single else "noisy_delegate")
     if args.family == "pact-sparse":

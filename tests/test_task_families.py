@@ -126,17 +126,39 @@ def test_noisy_tasks_round_trip_through_their_file(tmp_path):
     assert len(rows) == 7 * 3  # the planner's line and its two workers' per expert line
 
 
-def test_planner_drill_copies_every_item_into_the_hop_one_question(tmp_path):
+def test_planner_and_worker_drills_copy_every_name_into_its_place(tmp_path):
     drill = noisy_delegate.planner_drill()
-    assert len(drill) == len(toolbox.ITEMS) * len(multihop.RELATIONS)
-    for r in drill:
+    hop1 = [r for r in drill if len(_calls(r["expert_trace"])) == 1]
+    hop2 = [r for r in drill if len(_calls(r["expert_trace"])) == 2]
+    assert len(hop1) == len(toolbox.ITEMS) * len(multihop.RELATIONS)
+    assert len(hop2) == len(multihop.PEOPLE) * len(multihop.ATTRIBUTES) * len(multihop.RELATIONS)
+    for r in hop1:  # the item of the ask into the hop-1 question
         (name, args, _), = _calls(r["expert_trace"])
-        item = r["meta"]["item"]
-        assert name == "ask_worker" and f" {item}?" in args["question"] and item in r["input"][1]["content"]
-    # the planner's warm start has it, the single agent's does not
+        item = r["input"][1]["content"].split()[-1].rstrip(".")
+        assert name == "ask_worker" and args["question"].endswith(f" of the {item}?")
+    world = multihop.world(0)
+    copied_not_recalled = 0
+    for r in hop2:  # the person the worker replied into the hop-2 question, with the asked attribute
+        (_, first, person), (_, second, _) = _calls(r["expert_trace"])
+        words = r["input"][1]["content"].rstrip(".").split()  # Find the pet of the owner of the guitar
+        attribute, relation, item = words[2], words[5], words[8]
+        assert first["question"] == f"Who is the {relation} of the {item}?"
+        assert second["question"] == f"What is the {attribute} of {person}?"
+        copied_not_recalled += person != world[(item, relation)]
+    assert copied_not_recalled > len(hop2) / 2  # the reply is not the world's person: copying fits, recall does not
+    workers = noisy_delegate.worker_drill()
+    assert len(workers) == len(toolbox.ITEMS) * len(multihop.RELATIONS) + len(multihop.PEOPLE) * len(multihop.ATTRIBUTES)
+    for r in workers:  # the asked name as the call's argument, the asked key's tool
+        (name, args, _), = _calls(r["expert_trace"])
+        question = r["input"][1]["content"]
+        assert r["input"][0]["content"] == noisy_delegate.WORKER_SYSTEM
+        assert question.rstrip("?").split()[-1] == next(iter(args.values()))
+        assert name == f"get_{question.split()[3]}"  # Who is the owner of …? What is the city of …?
+    # the planner's warm start has both drills, the single agent's neither
     args = learning.parse_args(["--family", "matpo-delegate", "--out", str(tmp_path)])
     ids = lambda single: {r["id"] for r in learning._setup(args, 0, single)[0].rows}  # noqa: E731
-    assert {r["id"] for r in drill} <= ids(False) and not {r["id"] for r in drill} & ids(True)
+    drills = {r["id"] for r in drill + workers}
+    assert drills <= ids(False) and not drills & ids(True)
 
 
 def test_sparse_warm_start_never_calls_the_right_tool():

@@ -144,22 +144,61 @@ def inconsistent_expert(tasks: list[NoisyTask], table: World, traces: int = 7, r
     return rows
 
 
+def drills() -> list[dict[str, Any]]:
+    """The delegating side's copy drills, in its warm start beside the toolbox's."""
+    return planner_drill() + worker_drill()
+
+
 def planner_drill() -> list[dict[str, Any]]:
-    """SFT lines that only copy an item into a question for the worker, over every item and
-    relation: `ask_worker("Who is the owner of the river?")` for "Find the owner of the river."
-    The toolbox's copy drill teaches an item as a call's whole argument; the planner writes it
-    inside a question. Without this drill the warm start wrote a remembered item there (seed 0:
-    round-1 sampled success 0.023); with it, still (0.016): measured not enough on its own
-    (docs/benchmarks.md › Learning, Task families)."""
+    """SFT lines that only copy names into the planner's questions to the worker: an item into the
+    hop-1 question, over every item and relation (`ask_worker("Who is the owner of the river?")` for
+    "Find the owner of the river."), and the person the worker replied into the hop-2 question,
+    over every person, attribute and relation (the item drawn at random, the person never the
+    world's, so only copying fits it). The toolbox's copy drill teaches a name as a call's whole
+    argument; the planner writes it inside a question. With the hop-1 lines alone the warm start
+    still wrote a remembered item there and a remembered person in hop 2 (seed 0: round-1 sampled
+    success 0.016; docs/benchmarks.md › Learning, Task families)."""
     rows = []
     for item in multihop.ITEMS:
         for relation in multihop.RELATIONS:
             question = hop_questions(item, relation, "", "")[0]
-            rows.append({"id": f"ask-drill-{item}-{relation}", "reference": "",
-                         "input": [{"role": "system", "content": "Ask the worker."},
-                                   {"role": "user", "content": f"Find the {relation} of the {item}."}],
-                         "expert_trace": trace([("ask_worker", {"question": question}, "asked")]), "tools": [ASK_WORKER],
-                         "meta": {"harness": "ask-drill", "item": item}})
+            rows.append(_drill_row(f"ask-drill-{item}-{relation}", f"Find the {relation} of the {item}.",
+                                   [("ask_worker", {"question": question}, "asked")]))
+    rng = random.Random("ask-drill-hop-2")
+    for person in multihop.PEOPLE:
+        for attribute in ATTRIBUTES:
+            for relation in multihop.RELATIONS:
+                item = rng.choice(multihop.ITEMS)
+                q1, q2 = hop_questions(item, relation, person, attribute)
+                rows.append(_drill_row(f"ask-drill-{person}-{attribute}-{relation}",
+                                       f"Find the {attribute} of the {relation} of the {item}.",
+                                       [("ask_worker", {"question": q1}, person),
+                                        ("ask_worker", {"question": q2}, "asked")]))
+    return rows
+
+
+def _drill_row(row_id: str, ask: str, calls: list[tuple]) -> dict[str, Any]:
+    return {"id": row_id, "reference": "", "input": [{"role": "system", "content": "Ask the worker."},
+                                                     {"role": "user", "content": ask}],
+            "expert_trace": trace(calls), "tools": [ASK_WORKER], "meta": {"harness": "ask-drill"}}
+
+
+def worker_drill() -> list[dict[str, Any]]:
+    """SFT lines that only copy the asked name into the worker's call, over every item and
+    relation and every person and attribute: `get_owner(item="river")` for "Who is the owner of
+    the river?". Without them the warm start's workers called their tool on the asked name in 45 %
+    of greedy calls and 21 % of sampled ones (seed 0), so a planner that asked right was still
+    answered about another item."""
+    rows = []
+    asked = [(key, item) for key in multihop.RELATIONS for item in multihop.ITEMS]
+    asked += [(key, person) for key in ATTRIBUTES for person in multihop.PEOPLE]
+    for key, name in asked:
+        hop1 = key in multihop.RELATIONS
+        question = hop_questions(name, key, name, key)[0 if hop1 else 1]
+        rows.append({"id": f"worker-drill-{key}-{name}", "reference": "",
+                     "input": [{"role": "system", "content": WORKER_SYSTEM}, {"role": "user", "content": question}],
+                     "expert_trace": trace([(f"get_{key}", {"item" if hop1 else "person": name}, "asked")]),
+                     "tools": multihop.TOOLS, "meta": {"harness": "worker-drill"}})
     return rows
 
 
