@@ -64,6 +64,11 @@ def _tasks_code(family: str) -> str:
 
 
 TASKS_CODE = {family: _tasks_code(family) for family in FAMILY_MODULES}
+# every run: one round (4 optimizer steps × 32 samples) on 16 training tasks × group 8. On this
+# machine a run is then 1-3 min beside its warm start's 6-8 (learning.py's defaults, three rounds
+# on 32 tasks, would make the 144 runs ~30 hours); one round was where the task families' reduced
+# runs showed each family's signal (docs/benchmarks.md › Task families)
+RUN = ["--rounds", "1", "--train-tasks", "16"]
 # each paper's claim: its algorithm above the baseline on the family built from its setting
 CLAIMS = {"capo": "capo-multihop", "matpo": "matpo-delegate", "pact": "pact-sparse"}
 
@@ -90,8 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("bench-out/fair"))
     ap.add_argument("--ledger", type=Path, default=BENCH / "results" / "fair.jsonl")
     ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("extra", nargs="*", help="after --: more bench/learning.py flags, the same for every run")
+    ap.add_argument("extra", nargs="*", help="after --: more bench/learning.py flags, the same for every run "
+                    f"(after the benchmark's own: {' '.join(RUN)})")
     args = ap.parse_args(argv)
+    args.extra = [*RUN, *args.extra]
     args.families, args.algos = args.families.split(","), args.algos.split(",")
     args.grid = [float(x) for x in args.grid.split(",")]
     args.tune_seeds, args.seeds = [int(s) for s in args.tune_seeds.split(",")], [int(s) for s in args.seeds.split(",")]

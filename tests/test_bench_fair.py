@@ -51,9 +51,10 @@ def _args(fair, tmp_path, *more):
                             "--tune-seeds", "100,101", "--seeds", "0,1,2", "--ledger", str(tmp_path / "l.jsonl"), *more])
 
 
-def _line(fair, stage, family, algo, lr, seed, before, after, extra=()):
-    return {"key": fair.Ledger.key(stage, family, algo, lr, seed, list(extra)), "stage": stage, "family": family,
-            "algo": algo, "lr": lr, "seed": seed, "extra": list(extra), "seconds": 60.0, "before": before, "after": after}
+def _line(fair, stage, family, algo, lr, seed, before, after):
+    """A ledger line of the benchmark's own run (fair.RUN, no flags passed through)."""
+    return {"key": fair.Ledger.key(stage, family, algo, lr, seed, fair.RUN), "stage": stage, "family": family,
+            "algo": algo, "lr": lr, "seed": seed, "extra": fair.RUN, "seconds": 60.0, "before": before, "after": after}
 
 
 def test_the_grid_is_tuned_on_validation_seeds_and_reported_on_the_others(tmp_path):
