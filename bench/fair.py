@@ -65,9 +65,10 @@ def _tasks_code(family: str) -> str:
 
 TASKS_CODE = {family: _tasks_code(family) for family in FAMILY_MODULES}
 # every run: one round (4 optimizer steps × 32 samples) on 16 training tasks × group 8. On this
-# machine a run is then 1-3 min beside its warm start's 6-8 (learning.py's defaults, three rounds
-# on 32 tasks, would make the 144 runs ~30 hours); one round was where the task families' reduced
-# runs showed each family's signal (docs/benchmarks.md › Task families)
+# machine a run is then 1-3 min beside its warm start's 6-9 (learning.py's defaults, three rounds
+# on 32 tasks, would make the 144 runs ~30 hours, by estimate). One round showed PACT's signal on
+# pact-sparse; on capo-multihop it only flipped a question-blind first call (docs/benchmarks.md ›
+# The fair benchmark), which the family, not this setting, has to mend
 RUN = ["--rounds", "1", "--train-tasks", "16"]
 # each paper's claim: its algorithm above the baseline on the family built from its setting
 CLAIMS = {"capo": "capo-multihop", "matpo": "matpo-delegate", "pact": "pact-sparse"}

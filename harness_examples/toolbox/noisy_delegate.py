@@ -155,9 +155,9 @@ def planner_drill() -> list[dict[str, Any]]:
     "Find the owner of the river."), and the person the worker replied into the hop-2 question,
     over every person, attribute and relation (the item drawn at random, the person never the
     world's, so only copying fits it). The toolbox's copy drill teaches a name as a call's whole
-    argument; the planner writes it inside a question. With the hop-1 lines alone the warm start
-    still wrote a remembered item there and a remembered person in hop 2 (seed 0: round-1 sampled
-    success 0.016; docs/benchmarks.md › Learning, Task families)."""
+    argument; the planner writes it inside a question. Measured not enough (seed 0, 4 layers): with
+    the hop-1 lines alone round-1 sampled success was 0.016, with both hops and the worker drill
+    the same (docs/benchmarks.md › Learning, Task families)."""
     rows = []
     for item in multihop.ITEMS:
         for relation in multihop.RELATIONS:
@@ -186,9 +186,10 @@ def _drill_row(row_id: str, ask: str, calls: list[tuple]) -> dict[str, Any]:
 def worker_drill() -> list[dict[str, Any]]:
     """SFT lines that only copy the asked name into the worker's call, over every item and
     relation and every person and attribute: `get_owner(item="river")` for "Who is the owner of
-    the river?". Without them the warm start's workers called their tool on the asked name in 45 %
-    of greedy calls and 21 % of sampled ones (seed 0), so a planner that asked right was still
-    answered about another item."""
+    the river?". A planner that asked right was answered about another item: without this drill
+    the workers called their tool on the asked name in 45 % of greedy calls (seed 0, 2 distractor
+    rows). With it they did no better on the 4-layer tiny model (17 %, 4 rows), and on a 6-layer
+    one they copy (83 %)."""
     rows = []
     asked = [(key, item) for key in multihop.RELATIONS for item in multihop.ITEMS]
     asked += [(key, person) for key in ATTRIBUTES for person in multihop.PEOPLE]
