@@ -89,7 +89,11 @@ def _check_accounting(out: Path) -> dict:
 
 def test_async_loop_trains_steps_on_groups_and_records_their_versions(tiny_model_dir, tmp_path):
     out = tmp_path / "loop"
-    done = _run(_cmd(tiny_model_dir, out, "--steps", "4", "--eval-every", "2", "--max-staleness", "3"))
+    # one rollout in flight and one group queued: a group starts only once the queued one is taken, so
+    # the third step's group starts after the first push returned however fast the rollouts run (CI saw
+    # every group of a deeper queue finish before the first push)
+    done = _run(_cmd(tiny_model_dir, out, "--steps", "4", "--eval-every", "2", "--max-staleness", "3",
+                     "--concurrency", "1", "--max-queued-steps", "1"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "harnessrl loop --async" in done.stdout
     state = _check_accounting(out)
@@ -105,6 +109,8 @@ def test_async_loop_trains_steps_on_groups_and_records_their_versions(tiny_model
     # training went on while rollouts ran: the training rollouts' calls were served by several versions
     train_ids = {r for g in state["groups"].values() for r in g.get("rollouts") or ()}
     assert len({c.weight_version for c in calls if c.rollout_id in train_ids}) >= 2
+    trained = [g for g in state["groups"].values() if g["status"] == "trained"]
+    assert "base" in trained[0]["versions"] and "base" not in trained[-1]["versions"], state["groups"]
     # the decoupled correction is on by default
     configs = [json.loads((out / f"step-{r['step']}" / "train_config.json").read_text()) for r in state["steps"]]
     assert configs[0]["tis"] is True and configs[0]["ratio_to"] == "round"
