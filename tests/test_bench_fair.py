@@ -52,9 +52,10 @@ def _args(fair, tmp_path, *more):
 
 
 def _line(fair, stage, family, algo, lr, seed, before, after):
-    """A ledger line of the benchmark's own run (fair.RUN, no flags passed through)."""
-    return {"key": fair.Ledger.key(stage, family, algo, lr, seed, fair.RUN), "stage": stage, "family": family,
-            "algo": algo, "lr": lr, "seed": seed, "extra": fair.RUN, "seconds": 60.0, "before": before, "after": after}
+    """A ledger line of the benchmark's own run (fair.RUN and the family's flags, none passed through)."""
+    flags = fair.run_flags(family, [])
+    return {"key": fair.Ledger.key(stage, family, algo, lr, seed, flags), "stage": stage, "family": family,
+            "algo": algo, "lr": lr, "seed": seed, "extra": flags, "seconds": 60.0, "before": before, "after": after}
 
 
 def test_the_grid_is_tuned_on_validation_seeds_and_reported_on_the_others(tmp_path):
@@ -79,6 +80,26 @@ def test_the_grid_is_tuned_on_validation_seeds_and_reported_on_the_others(tmp_pa
     assert len(fair.Ledger(args.ledger).lines) == 8
     # flags passed through to learning.py are part of the key: other settings, other runs
     assert len(fair.planned(_args(fair, tmp_path, "--", "--rounds", "2"), ledger, "tune")) == 8
+
+
+def test_a_family_s_own_flags_key_its_runs_only(tmp_path):
+    """capo-multihop runs with its expert's relation wrong on 5 lines of 7 (--expert-right 2,5, its
+    relation word's say), a flag in its lines' keys; the other families' keys hold RUN alone, so
+    their runs made before the flag are kept."""
+    fair = _load("fair")
+    assert fair.run_flags("capo-multihop", ["--beta", "0"]) == [*fair.RUN, "--expert-right", "2,5", "--beta", "0"]
+    assert fair.run_flags("pact-sparse", []) == fair.RUN
+    args = _args(fair, tmp_path, "--families", "capo-multihop,pact-sparse")
+    ledger = fair.Ledger(args.ledger)
+    for algo in ("grpo", "capo"):
+        for lr in args.grid:
+            for seed in args.tune_seeds:
+                ledger.add({**_line(fair, "tune", "pact-sparse", algo, lr, seed, 0.0, 0.0),
+                            "key": fair.Ledger.key("tune", "pact-sparse", algo, lr, seed, fair.RUN)})
+                old = fair.Ledger.key("tune", "capo-multihop", algo, lr, seed, fair.RUN)
+                ledger.add({**_line(fair, "tune", "capo-multihop", algo, lr, seed, 0.0, 0.0), "key": old})
+    assert {run[1] for run in fair.planned(args, ledger, "tune")} == {"capo-multihop"}
+    assert len(fair.planned(args, ledger, "tune")) == 8
 
 
 def test_tuning_and_report_seeds_must_differ(tmp_path):

@@ -18,7 +18,11 @@ wrong kind of name.
 Every item is in training with two of its four (relation, attribute) questions and held out with
 the other two: new combinations of seen words. The warm start imitates an expert that confuses
 the relation (owner ↔ maker) and the attribute (city ↔ pet), each right on some of a task's
-lines (`inconsistent_expert`), so the sampled policy is unsure at both decisions.
+lines (`inconsistent_expert`), so the sampled policy is unsure at both decisions. Its relation is
+wrong on most of a task's lines, so the question's relation word tells which tool it calls (the
+other one): a policy that ignores the word cannot fit it. Right on 3 lines of 7, the expert called
+`get_maker` on 3 of 7 lines for a maker question and 4 of 7 for an owner one, the tiny model's warm
+start ignored the word, and one round of RL flipped its one question-blind call.
 """
 
 from __future__ import annotations
@@ -137,12 +141,12 @@ def read(path: str | Path) -> list[HopTask]:
 
 
 def inconsistent_expert(tasks: list[HopTask], table: World, traces: int = 7,
-                        right: tuple[int, int] = (3, 5)) -> list[dict[str, Any]]:
+                        right: tuple[int, int] = (2, 5)) -> list[dict[str, Any]]:
     """SFT lines: `traces` per task; the relation right on the first `right[0]` lines, the
-    attribute on `right[1]` lines from the second on (defaults 3 and 5 of 7: greedy takes the
-    wrong relation, and after the right one the right attribute 2 times in 3, so sampled the
-    episode is right about 2 times in 7); every line a real episode of the world (the confused
-    relation's person, the confused attribute's value)."""
+    attribute on `right[1]` lines from the second on (defaults 2 and 5 of 7: greedy takes the
+    question's other relation, 5 lines to 2, and the right attribute; the line right at both hops
+    is the second); every line a real episode of the world (the confused relation's person, the
+    confused attribute's value)."""
     if not all(0 <= r <= traces for r in right):
         raise ValueError("0 ≤ right ≤ traces at each hop")
     rows = []
