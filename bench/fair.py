@@ -160,8 +160,8 @@ def planned(args, ledger: Ledger, stage: str) -> list[tuple]:
 def chosen_lr(args, ledger: Ledger, family: str, algo: str) -> float | None:
     """The grid's lr of the highest mean validation success over the tuning seeds; None until all are run."""
     best = None
+    flags = run_flags(family, args.extra)
     for lr in args.grid:
-        flags = run_flags(family, args.extra)
         lines = [ledger.get(Ledger.key("tune", family, algo, lr, s, flags)) for s in args.tune_seeds]
         if any(x is None for x in lines):
             return None
@@ -205,14 +205,20 @@ def one_run(args, stage: str, family: str, algo: str, lr: float, seed: int) -> d
             **{k: run[k] for k in ("group_success", "diagnostics") if k in run}}
 
 
+def reported(args, ledger: Ledger, family: str) -> tuple[dict, dict[str, list[dict]]]:
+    """Each algorithm's chosen lr on `family`, and its report lines at that lr and this benchmark's flags."""
+    lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
+    flags = run_flags(family, args.extra)
+    return lrs, {a: [x for x in ledger.lines if x["stage"] == "report" and x["family"] == family and x["algo"] == a
+                     and x["lr"] == lrs[a] and x["extra"] == flags] for a in args.algos}
+
+
 def comparisons(args, ledger: Ledger) -> list[dict]:
     """Each algorithm against the baseline on each family, paired by the report seeds both finished."""
     out = []
     for family in args.families:
-        lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
-        flags = run_flags(family, args.extra)
-        runs = {a: {x["seed"]: x for x in ledger.lines if x["stage"] == "report" and x["family"] == family
-                    and x["algo"] == a and x["lr"] == lrs[a] and x["extra"] == flags} for a in args.algos}
+        lrs, lines = reported(args, ledger, family)
+        runs = {a: {x["seed"]: x for x in xs} for a, xs in lines.items()}
         for algo in args.algos:
             if algo == args.baseline:
                 continue
@@ -236,15 +242,14 @@ def verdict(c: dict) -> str:
 
 def report(args, ledger: Ledger, console: Console) -> None:
     for family in args.families:
-        lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
+        lrs, lines = reported(args, ledger, family)
         table = Table(title=f"{family}: held-out success per seed, warm start → after RL (lr chosen on validation)")
         for col in ("seed", "warm start", *(f"{a} (lr {lrs[a]:g})" if lrs[a] else f"{a} (tuning)" for a in args.algos)):
             table.add_column(col)
-        rows = {}
-        for x in ledger.lines:
-            if (x["stage"] == "report" and x["family"] == family and x["extra"] == run_flags(family, args.extra)
-                    and x["lr"] == lrs.get(x["algo"])):
-                rows.setdefault(x["seed"], {})[x["algo"]] = x
+        rows: dict[int, dict[str, dict]] = {}
+        for a, xs in lines.items():
+            for x in xs:
+                rows.setdefault(x["seed"], {})[a] = x
         for s in sorted(rows):
             warm = next(iter(rows[s].values()))["before"]
             table.add_row(str(s), f"{warm:.3f}", *(f"{rows[s][a]['after']:.3f}" if a in rows[s] else "" for a in args.algos))
@@ -282,9 +287,7 @@ def diagnostics(args, ledger: Ledger, console: Console) -> None:
     """Per family and algorithm, means over the report seeds: the share of round-1 training groups
     with a success (the signal GRPO-style advantages have) and the trainer's logged diagnostics."""
     for family in args.families:
-        lrs = {a: chosen_lr(args, ledger, family, a) for a in args.algos}
-        lines = {a: [x for x in ledger.lines if x["stage"] == "report" and x["family"] == family and x["algo"] == a
-                     and x["lr"] == lrs[a] and x["extra"] == run_flags(family, args.extra)] for a in args.algos}
+        _, lines = reported(args, ledger, family)
         keys = [k for k in WHY if any(k in x.get("diagnostics", {}) for xs in lines.values() for x in xs)]
         if not any(lines.values()):
             continue
