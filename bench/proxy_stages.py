@@ -177,17 +177,19 @@ class _TimedGen:
     def __aiter__(self):
         return self
 
-    def __anext__(self):
-        return _Steps(self.gen.__anext__(), self.stage, self.clock)
+    # native coroutines, not bare `_Steps`: the builtin `anext(gen, default)` calls a non-coroutine
+    # awaitable's `__await__` again at every resume (CPython 3.11), which resends a finished step
+    async def __anext__(self):
+        return await _Steps(self.gen.__anext__(), self.stage, self.clock)
 
-    def asend(self, value):
-        return _Steps(self.gen.asend(value), self.stage, self.clock)
+    async def asend(self, value):
+        return await _Steps(self.gen.asend(value), self.stage, self.clock)
 
-    def athrow(self, *exc):
-        return _Steps(self.gen.athrow(*exc), self.stage, self.clock)
+    async def athrow(self, *exc):
+        return await _Steps(self.gen.athrow(*exc), self.stage, self.clock)
 
-    def aclose(self):
-        return _Steps(self.gen.aclose(), self.stage, self.clock)
+    async def aclose(self):
+        return await _Steps(self.gen.aclose(), self.stage, self.clock)
 
 
 def _timed(fn, stage: str, clock: Clock):
@@ -351,7 +353,7 @@ def main() -> None:
         if args.base is not None:
             from proxy_stages_ab import compare
 
-            console.print(compare(args.base, upstream, args.clients, args.duration, args.rounds, tmp))
+            console.print(compare(args.base, upstream, args.clients, args.duration, args.rounds, tmp, args.stream))
             console.print(f"load average: {os.getloadavg()[0]:.1f} (other processes share these cores)")
             return
         res = profile(upstream, str(tmp / "stages.db"), args.clients, args.duration, args.stream)

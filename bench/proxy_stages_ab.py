@@ -17,16 +17,17 @@ STAGES = Path(__file__).resolve().parent / "proxy_stages.py"
 ROOT = STAGES.parents[1]
 
 
-def _child(upstream: str, clients: int, duration: float, pythonpath: str | None) -> dict:
+def _child(upstream: str, clients: int, duration: float, stream: bool, pythonpath: str | None) -> dict:
     """`profile` in a fresh process (of the tree on `pythonpath`, else this checkout's)."""
     env = {**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
     out = subprocess.run([sys.executable, str(STAGES), "--upstream", upstream, "--clients", str(clients), "--duration",
-                          str(duration), "--json"], env=env, capture_output=True, text=True, check=True,
+                          str(duration), "--json", *(["--stream"] if stream else [])], env=env, capture_output=True, text=True, check=True,
                          cwd=tempfile.gettempdir())
     return orjson.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare(base: str, upstream: str, clients: int, duration: float, rounds: int, tmp: Path) -> Table:
+def compare(base: str, upstream: str, clients: int, duration: float, rounds: int, tmp: Path,
+            stream: bool = False) -> Table:
     """The stages of commit `base` (checked out with `git worktree`, run as `proxy_ab.py` runs it)
     and of this checkout, in alternating rounds; the medians side by side."""
     from proxy_ab import package_tree
@@ -41,10 +42,11 @@ def compare(base: str, upstream: str, clients: int, duration: float, rounds: int
         runs: dict[str, list[dict]] = {"before": [], "after": []}
         for i in range(rounds):
             for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
-                runs[side].append(_child(upstream, clients, duration, shim if side == "before" else None))
+                runs[side].append(_child(upstream, clients, duration, stream, shim if side == "before" else None))
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], capture_output=True)
-    t = Table(title=f"one recorded call by stage, {base} (before) and this checkout (after): non-streaming chat, "
+    t = Table(title=f"one recorded call by stage, {base} (before) and this checkout (after): "
+                    f"{'streaming' if stream else 'non-streaming'} chat, "
                     f"{clients} client(s), medians of {rounds} alternating runs; CPU µs a call of the event-loop thread")
     for col in ("stage", "before", "after", "after − before"):
         t.add_column(col, justify="right" if col != "stage" else "left")

@@ -27,8 +27,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from harnessrl.proxy.answers import StreamAnswer
 from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, bad_request, error_response
 from harnessrl.proxy.identity import Identity
@@ -80,8 +81,7 @@ async def handle_n(serving: Serving, req: Request, ident: Identity, call_id: str
                 await g.aclose()
             return error_response(await _fail_all(serving, recs, errors, t0), headers)
         headers["x-harnessrl-calls"] = ",".join(r.id for r in recs)
-        return StreamingResponse(_relay(serving, req, ident, recs, wire, firsts, gens, t0, prompt.turn),
-                                 media_type="text/event-stream", headers=headers)
+        return StreamAnswer(_relay(serving, req, ident, recs, wire, firsts, gens, t0, prompt.turn), headers)
     runs = await asyncio.gather(*(serving.route.run(sample_request(req, i), prompt) for i in range(k)),
                                 return_exceptions=True)
     errors = [as_proxy_error(r) if isinstance(r, BaseException) else None for r in runs]

@@ -18,9 +18,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from harnessrl.messages import content_text
+from harnessrl.proxy.answers import JSONAnswer, StreamAnswer
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity, unnamed_agent
 from harnessrl.proxy.prefix.index import PrefixIndex, Turn
@@ -86,8 +87,8 @@ class Serving:
             if req.stream:
                 events = self.route.stream(req, prompt)
                 first = await anext(events)
-                return _ClosingStream(self._relay(req, ident, rec, wire, first, events, t0, tm, prompt),
-                                      media_type=getattr(wire, "media_type", "text/event-stream"), headers=headers)
+                return StreamAnswer(self._relay(req, ident, rec, wire, first, events, t0, tm, prompt), headers,
+                                    getattr(wire, "media_type", "text/event-stream"))
             result = await self.route.run(req, prompt)
             model_s = time.perf_counter() - tm
             data = wire.response(result)
@@ -266,34 +267,6 @@ class Serving:
             return
         self.index.add(_key(ident), Turn.of(rec.id, req.messages, req.tools, r.message, r.prompt_ids,
                                             r.completion_ids, self.route.eos_ids, parent))
-
-
-class JSONAnswer:
-    """A 200 answer whose JSON is already encoded, sent as Starlette's `Response` sends it (the
-    same two ASGI messages and headers) without building one: the hot path's only answer type."""
-
-    __slots__ = ("body", "call_id")
-
-    def __init__(self, body: bytes, call_id: str) -> None:
-        self.body, self.call_id = body, call_id
-
-    async def __call__(self, scope, receive, send) -> None:
-        prefix = "websocket." if scope["type"] == "websocket" else ""
-        await send({"type": prefix + "http.response.start", "status": 200, "headers": [
-            (b"x-harnessrl-call", self.call_id.encode("latin-1")), (b"content-length", str(len(self.body)).encode()),
-            (b"content-type", b"application/json")]})
-        await send({"type": prefix + "http.response.body", "body": self.body})
-
-
-class _ClosingStream(StreamingResponse):
-    """Closes its body generator however the response ends: Starlette leaves an abandoned one
-    suspended until garbage collection, and the generator's cleanup records the call."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 def _recorded(req: Request) -> dict:

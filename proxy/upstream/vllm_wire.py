@@ -337,16 +337,19 @@ class StreamAssembler:
 
 
 def sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
-    """Append `data` and pop every complete SSE event's data payload."""
+    """Append `data` and pop every complete SSE event's data payload (the lines after `data:`,
+    joined). The complete events are cut off the buffer at once: a read holds many of them."""
     buffer += data.replace(b"\r\n", b"\n")
+    if b"\n\n" not in buffer:
+        return []
+    *events, rest = bytes(buffer).split(b"\n\n")
+    buffer[:] = rest
     out = []
-    while True:
-        cut = buffer.find(b"\n\n")
-        if cut < 0:
-            return out
-        event = bytes(buffer[:cut])
-        del buffer[: cut + 2]
-        payload = b"\n".join(line[5:].lstrip() for line in event.split(b"\n")
-                             if line.startswith(b"data:"))
+    for event in events:
+        if b"\n" not in event:  # vLLM's: one `data:` line an event
+            payload = event[5:].lstrip() if event.startswith(b"data:") else b""
+        else:
+            payload = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
         if payload:
             out.append(payload)
+    return out
