@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import orjson
 from starlette.responses import Response
 
-from harnessrl.proxy.answers import StreamAnswer
+from harnessrl.proxy.answers import Last, StreamAnswer
 from harnessrl.proxy.record.call_rows import new_call_id
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, bad_request, error_response
 from harnessrl.proxy.identity import Identity
@@ -205,7 +205,7 @@ async def _relay(serving: Serving, req: Request, ident: Identity, recs: list[Cal
     done = [r for r in results if r is not None]
     if req.include_usage:
         held.append(Delta(usage=merged_usage([r.usage for r in done]), terminal=True))
-    yield (wire.chunks(held) if held else b"") + wire.close(done[0])
+    yield Last((wire.chunks(held) if held else b"") + wire.close(done[0]))
     for rec, r in zip(recs, done):
         serving.remember(rec, ident, req, r, parent)
 

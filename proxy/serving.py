@@ -21,7 +21,7 @@ import orjson
 from starlette.responses import Response
 
 from harnessrl.messages import content_text
-from harnessrl.proxy.answers import JSONAnswer, StreamAnswer
+from harnessrl.proxy.answers import JSONAnswer, Last, StreamAnswer
 from harnessrl.proxy.errors import ProxyError, as_proxy_error, database_unavailable, error_response
 from harnessrl.proxy.identity import Identity, unnamed_agent
 from harnessrl.proxy.prefix.index import PrefixIndex, Turn
@@ -179,7 +179,7 @@ class Serving:
         except ProxyError as err:
             yield wire.error(err)
             return
-        yield (wire.chunks(held) if held else b"") + wire.close(result)
+        yield Last((wire.chunks(held) if held else b"") + wire.close(result))
         self.remember(rec, ident, req, result, prompt.turn)
 
     def fill(self, rec: CallRecord, r: Result, data: dict, t0: float, encoded: bytes | None = None) -> None:
