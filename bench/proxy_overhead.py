@@ -231,25 +231,26 @@ def _median(rounds: list[Round]) -> Round:
                    for f in fields(Round) if f.name != "errors"))
 
 
-def stage_profiles(upstream: str, clients: tuple[int, ...], duration: float) -> list[dict]:
-    """`proxy_stages.py`'s profile of one recorded call (non-streaming), run in a process of its own
-    against this run's stand-in, at each number of clients."""
+def stage_profiles(upstream: str, runs: list[str], duration: float) -> list[dict]:
+    """`proxy_stages.py`'s profile of one recorded call, run in a process of its own against this
+    run's stand-in, for each of `runs`: a number of clients, streamed with an `s` after it."""
     out = []
-    for n in clients:
+    for run in runs:
+        stream = run.endswith("s")
         res = subprocess.run([sys.executable, str(ROOT / "bench" / "proxy_stages.py"), "--upstream", upstream,
-                              "--clients", str(n), "--duration", str(duration), "--json"],
-                             capture_output=True, text=True, check=True)
+                              "--clients", run.rstrip("s"), "--duration", str(duration), "--json",
+                              *(["--stream"] if stream else [])], capture_output=True, text=True, check=True)
         out.append(orjson.loads(res.stdout.strip().splitlines()[-1]))
     return out
 
 
 def stages_table(profiles: list[dict]) -> Table:
     """The stage profiles side by side: µs a call of the proxy's event-loop thread, per stage."""
-    t = Table(title="one recorded call by stage (bench/proxy_stages.py: non-streaming chat, CPU µs a call of the "
-                    "proxy's event-loop thread, timing wrappers' cost taken out)")
+    t = Table(title="one recorded call by stage (bench/proxy_stages.py: chat, CPU µs a call of the proxy's "
+                    "event-loop thread, timing wrappers' cost taken out)")
     t.add_column("stage")
     for p in profiles:
-        t.add_column(f"{p['clients']} client(s)", justify="right")
+        t.add_column(f"{p['clients']} client(s){', streamed' if p['stream'] else ''}", justify="right")
     for stage in profiles[0]["stages"]:
         t.add_row(stage, *(f"{p['stages'][stage]:,.1f}" for p in profiles))
     t.add_row("[b]event-loop thread[/b]", *(f"{p['loop_us']:,.1f}" for p in profiles))
@@ -294,8 +295,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="proxy processes (`harnessrl proxy --workers`)")
     ap.add_argument("--servers", default="uvicorn,granian",
                     help="servers the bare forwarder runs on, side by side (granian: when installed)")
-    ap.add_argument("--stages", default="1,64",
-                    help="client counts of the stage profile (bench/proxy_stages.py); '' for none")
+    ap.add_argument("--stages", default="1,64,64s",
+                    help="client counts of the stage profile (bench/proxy_stages.py), an s after one for a streamed "
+                         "profile; '' for none")
     args = ap.parse_args()
     servers = [s for s in args.servers.split(",") if s]
     if "granian" in servers and importlib.util.find_spec("granian") is None:
@@ -374,8 +376,7 @@ def main() -> None:
         console.print(floor)
         console.print(targets_table(by_mode, args.clients))
         if args.stages:
-            console.print(stages_table(stage_profiles(direct, tuple(int(n) for n in args.stages.split(",")),
-                                                      args.duration)))
+            console.print(stages_table(stage_profiles(direct, args.stages.split(","), args.duration)))
         if "://" not in db:  # the checkpoints keep it bounded (it grew without bound under load before)
             console.print(f"SQLite WAL when a proxied load ended: at most {max(walls):.1f} MB")
         console.print(f"load average during the run: {os.getloadavg()[0]:.1f} (other processes share these cores)")
