@@ -243,16 +243,20 @@ def verdict(c: dict) -> str:
 def report(args, ledger: Ledger, console: Console) -> None:
     for family in args.families:
         lrs, lines = reported(args, ledger, family)
-        table = Table(title=f"{family}: held-out success per seed, warm start → after RL (lr chosen on validation)")
-        for col in ("seed", "warm start", *(f"{a} (lr {lrs[a]:g})" if lrs[a] else f"{a} (tuning)" for a in args.algos)):
-            table.add_column(col)
         rows: dict[int, dict[str, dict]] = {}
         for a, xs in lines.items():
             for x in xs:
                 rows.setdefault(x["seed"], {})[a] = x
+        # one warm start a seed, or (matpo-delegate: the single agent's own) each algorithm's beside it
+        own = any(len({x["before"] for x in r.values()}) > 1 for r in rows.values())
+        table = Table(title=f"{family}: held-out success per seed, warm start → after RL (lr chosen on validation)")
+        for col in ("seed", *(() if own else ("warm start",)),
+                    *(f"{a} (lr {lrs[a]:g})" if lrs[a] else f"{a} (tuning)" for a in args.algos)):
+            table.add_column(col)
         for s in sorted(rows):
-            warm = next(iter(rows[s].values()))["before"]
-            table.add_row(str(s), f"{warm:.3f}", *(f"{rows[s][a]['after']:.3f}" if a in rows[s] else "" for a in args.algos))
+            cells = [(f"{rows[s][a]['before']:.3f} → " if own else "") + f"{rows[s][a]['after']:.3f}" if a in rows[s]
+                     else "" for a in args.algos]
+            table.add_row(str(s), *(() if own else (f"{next(iter(rows[s].values()))['before']:.3f}",)), *cells)
         console.print(table)
     cs = comparisons(args, ledger)
     table = Table(title=f"each algorithm − {args.baseline}, paired by seed: mean [95% t-interval], p, Holm-adjusted p "

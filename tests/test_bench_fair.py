@@ -190,3 +190,29 @@ def test_a_family_s_fingerprint_covers_its_own_modules_only(tmp_path):
     shared = tmp_path / "bench" / "learning_warm.py"  # the warm start belongs to every family
     shared.write_text(shared.read_text() + "\n# changed\n")
     assert not set(codes().values()) & set(again.values())
+
+
+def test_the_per_seed_table_shows_each_algorithm_s_warm_start_where_they_differ(tmp_path):
+    """matpo-delegate's single agent (GRPO) starts from a warm start of its own: one "warm start"
+    column would show GRPO's as MATPO's."""
+    from rich.console import Console
+
+    fair = _load("fair")
+    args = _args(fair, tmp_path, "--families", "matpo-delegate,pact-sparse", "--algos", "grpo,matpo")
+    ledger = fair.Ledger(args.ledger)
+    for family in args.families:
+        for algo in args.algos:
+            for lr in args.grid:
+                for seed in args.tune_seeds:
+                    ledger.add(_line(fair, "tune", family, algo, lr, seed, 0.2, 0.4))
+            for seed in args.seeds:
+                before = 0.375 if (family, algo) == ("matpo-delegate", "grpo") else 0.042
+                ledger.add(_line(fair, "report", family, algo, 1e-4, seed, before, before + 0.1))
+    console = Console(record=True, width=200)
+    fair.report(args, ledger, console)
+    text = console.export_text()
+    delegate, sparse = text.split("held-out success per seed")[1:3]
+    heads = [line for line in text.splitlines() if line.startswith("┃ seed")]
+    assert "warm start" not in heads[0] and "warm start" in heads[1]
+    assert "0.375 → 0.475" in delegate and "0.042 → 0.142" in delegate
+    assert "→" not in sparse.split("each algorithm")[0].split("RL (lr")[1]  # one warm start a seed: its column
