@@ -58,6 +58,15 @@ def _line(fair, stage, family, algo, lr, seed, before, after):
             "algo": algo, "lr": lr, "seed": seed, "extra": flags, "seconds": 60.0, "before": before, "after": after}
 
 
+def _tuned(fair, args, ledger, after=lambda lr: 0.4):
+    """The tuning stage's lines for every family and algorithm of `args`: validation `after(lr)`."""
+    for family in args.families:
+        for algo in args.algos:
+            for lr in args.grid:
+                for seed in args.tune_seeds:
+                    ledger.add(_line(fair, "tune", family, algo, lr, seed, 0.2, after(lr)))
+
+
 def test_the_grid_is_tuned_on_validation_seeds_and_reported_on_the_others(tmp_path):
     fair = _load("fair")
     args = _args(fair, tmp_path)
@@ -114,11 +123,7 @@ def test_the_report_pairs_by_seed_and_corrects_over_the_comparisons(tmp_path):
     fair = _load("fair")
     args = _args(fair, tmp_path, "--families", "capo-multihop,pact-sparse", "--algos", "grpo,capo,pact")
     ledger = fair.Ledger(args.ledger)
-    for family in args.families:
-        for algo in args.algos:
-            for lr in args.grid:
-                for seed in args.tune_seeds:
-                    ledger.add(_line(fair, "tune", family, algo, lr, seed, 0.2, 0.5 if lr == 1e-4 else 0.4))
+    _tuned(fair, args, ledger, lambda lr: 0.5 if lr == 1e-4 else 0.4)
     report = {("capo-multihop", "grpo"): [0.50, 0.55, 0.60], ("capo-multihop", "capo"): [0.60, 0.66, 0.69],
               ("capo-multihop", "pact"): [0.40, 0.60, 0.50],
               ("pact-sparse", "grpo"): [0.10, 0.10, 0.20], ("pact-sparse", "capo"): [0.10, 0.10, 0.20],
@@ -200,11 +205,9 @@ def test_the_per_seed_table_shows_each_algorithm_s_warm_start_where_they_differ(
     fair = _load("fair")
     args = _args(fair, tmp_path, "--families", "matpo-delegate,pact-sparse", "--algos", "grpo,matpo")
     ledger = fair.Ledger(args.ledger)
+    _tuned(fair, args, ledger)
     for family in args.families:
         for algo in args.algos:
-            for lr in args.grid:
-                for seed in args.tune_seeds:
-                    ledger.add(_line(fair, "tune", family, algo, lr, seed, 0.2, 0.4))
             for seed in args.seeds:
                 before = 0.375 if (family, algo) == ("matpo-delegate", "grpo") else 0.042
                 ledger.add(_line(fair, "report", family, algo, 1e-4, seed, before, before + 0.1))
