@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tier_times import TierTimes
 
 PG_URL = os.environ.get("HARNESSRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 _CACHE = Path(os.environ.get("HARNESSRL_CACHE", Path.home() / ".cache" / "harnessrl"))
@@ -69,6 +70,10 @@ def pg_url() -> str:
 # A test's PostgreSQL variant carries the `postgres` marker, so `-m "not postgres"` runs the rest
 # on a machine without the server.
 BOTH_DBS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(TierTimes(), "tier_times")
 
 
 def pytest_collection_modifyitems(items) -> None:
