@@ -176,6 +176,24 @@ def _bfcl(src: TaskSource) -> HarnessTasks:
     return HarnessTasks(train, held, run, lambda t: t.id, None)
 
 
+def _bfcl_single(src: TaskSource) -> HarnessTasks:
+    """`--n-tasks` BFCL single-turn tasks, `--eval-fraction` of them from the ids held out by hash
+    (never trained on), the training ones drawn by `--seed`; `--tasks FILE` narrows the pool to the
+    categories or ids it lists, one a line."""
+    from harnessrl.harness_examples.bfcl_single import data as bfcl_data
+    from harnessrl.harness_examples.bfcl_single import harness as bfcl_single
+
+    pool = bfcl_data.read_selection(src.tasks) if src.tasks else bfcl_data.load_tasks()
+    # n_tasks None (the loop's option left out): the loop's usual 8, not the 2,311 entries
+    train, held = bfcl_data.choose(pool, 8 if src.n_tasks is None else src.n_tasks, src.eval_fraction, src.seed)
+
+    def run(url, task, group_id, run_tag, temperature):
+        return bfcl_single.run_rollout(url, task, bfcl_single.BfclSingleConfig(temperature=temperature),
+                                       group_id=group_id, run=run_tag)
+
+    return HarnessTasks(train, held, run, lambda t: t.id, bfcl_data.write(train + held, src.out / "tasks.jsonl"))
+
+
 HARNESSES: dict[str, Harness] = {h.name: h for h in (
     Harness("lookup", "look a key up with a tool, answer its value (the demo's task family)", _lookup),
     Harness("toolbox", "pick one of four attribute tools and fill its argument (the learning benchmark)",
@@ -196,6 +214,7 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (
             _search("planner_worker")),
     Harness("langgraph", "LangGraph agent through langchain-openai", _search("langgraph")),
     Harness("bfcl", "BFCL multi-turn function calling with executable back-ends", _bfcl),
+    Harness("bfcl_single", "BFCL single-turn AST categories, scored by BFCL's own AST checker", _bfcl_single),
 )}
 
 
