@@ -16,12 +16,15 @@ from harnessrl.errors import UserError
 LOSS_AGGS = ("token_mean", "seq_mean", "rollout_mean", "prompt_mean")
 PACT_GATES = ("epoch", "step")
 RATIO_TO = ("round", "step", "behaviour")
-TIS_MODES = ("truncate", "mask")
+TIS_MODES = ("truncate", "mask", "icepop")
+TIS_LEVELS = ("token", "sequence")
+ICEPOP_BAND = (0.5, 5.0)  # IcePop's [α, β] (Ling team, Ring-1T)
 CAPO_UNITS = ("heads_mlp", "mlp")
 CAPO_REMAINDERS = ("shared", "leak")
 OVER_LENGTH = ("truncate", "skip")
 # the help panels of `harnessrl train` (a flagged field is an option; the others are set in the YAML --config)
 TRAINING, LONG, PUSH, CAPO, PACT, LOGGING = "Training", "Long samples", "Push", "CAPO", "PACT", "Logging"
+CORRECTION = "Off-policy correction"
 
 
 @dataclass
@@ -62,11 +65,25 @@ class TrainConfig:
         "paper's: rollout_mean for matpo, prompt_mean for pact, token_mean otherwise).")
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     # the behaviour weight π_old/π_behaviour with the recorded sampling log-probs (docs/methods.md §6.5):
-    # the asynchronous loop's correction for tokens sampled by older weights
-    tis: bool = False
-    tis_cap: float = 2.0  # C
-    # truncate: min(w, C) (TIS); mask: 0 where w > C (MIS, AReaL's behav_imp_weight_cap)
-    tis_mode: str = "truncate"
+    # the asynchronous loop's correction for tokens sampled by older weights, and for the inference
+    # engine's numerics at staleness 0. The mismatch metrics (mismatch/kl, mismatch/out_of_band_frac)
+    # are logged whether it is on or not
+    tis: bool = option(False, "--tis/--no-tis", panel=CORRECTION,
+                       help="Weight each token by π_old/π_behaviour, the recorded sampling log-probs (capped or masked).")
+    # truncate: min(r, C) (TIS); mask: r inside [tis_low, C], 0 outside (MIS; AReaL's behav_imp_weight_cap
+    # is its token-level one-sided form); icepop: the token-level two-sided mask, band [0.5, 5] unless set
+    tis_mode: str = option("truncate", panel=CORRECTION,
+                           help="truncate: min(r, cap) (TIS) | mask: r from tis-low to cap, 0 outside (MIS) | icepop: "
+                           "a token mask, band 0.5 to 5 unless set.")
+    # token: r_t per token; sequence: r = Π r_t over the sample's trained tokens, one weight for all of them
+    tis_level: str = option("token", panel=CORRECTION, help="token | sequence (one weight, the product of the "
+                            "token ratios, for all of a sample's tokens).")
+    # C: the truncation cap and the band's upper edge; None: 2 (truncate, mask) or 5 (icepop, its paper's)
+    tis_cap: float | None = option(None, panel=CORRECTION, help="Cap C and the band's upper edge (default 2; 5 "
+                                   "for icepop).")
+    # the band's lower edge (mask, icepop); None: 0 (mask: one-sided, AReaL's) or 0.5 (icepop)
+    tis_low: float | None = option(None, panel=CORRECTION, help="The mask band's lower edge (default 0; 0.5 for "
+                                   "icepop).")
     # logp_old of the ratio (docs/methods.md §6): "round" = the policy at the start of this run (the
     # loop's round) before its first optimizer step, so the ε clip bounds how far the run's steps move
     # each token (PPO's); "behaviour" = the recorded sampling log-probs; "step" = the policy at the
@@ -141,6 +158,14 @@ class TrainConfig:
             return self.beta
         return 0.001 if self.algo == "pact" else 0.0
 
+    def tis_band(self) -> tuple[float, float]:
+        """[L, H] of the behaviour weight (§6.5): H caps it (truncate) or bounds the kept band (mask,
+        icepop); L bounds the band below. Also the band the mismatch metrics count tokens outside of."""
+        icepop = self.tis_mode == "icepop"
+        low = self.tis_low if self.tis_low is not None else (ICEPOP_BAND[0] if icepop else 0.0)
+        high = self.tis_cap if self.tis_cap is not None else (ICEPOP_BAND[1] if icepop else 2.0)
+        return float(low), float(high)
+
     def aggregation(self) -> str:
         return self.loss_agg if self.loss_agg is not None else get_algorithm(self.algo).loss_agg
 
@@ -154,8 +179,17 @@ class TrainConfig:
             raise UserError(f"unknown optim {self.optim!r} (transformers' optimizer names, e.g. adamw_torch, sgd)")
         if self.tis_mode not in TIS_MODES:
             raise UserError(f"unknown tis_mode {self.tis_mode!r}; choose one of {', '.join(TIS_MODES)}")
-        if not self.tis_cap >= 1.0:
-            raise UserError(f"tis_cap must be at least 1 (an on-policy token weighs 1), got {self.tis_cap}")
+        if self.tis_level not in TIS_LEVELS:
+            raise UserError(f"unknown tis_level {self.tis_level!r}; choose one of {', '.join(TIS_LEVELS)}")
+        if self.tis_mode == "icepop" and self.tis_level != "token":
+            raise UserError("tis_mode icepop masks token by token; for a sequence band use tis_mode: mask, tis_level: sequence")
+        if self.tis_mode == "truncate" and self.tis_low not in (None, 0.0):
+            raise UserError(f"tis_low is the mask band's lower edge; tis_mode truncate caps above only (got tis_low {self.tis_low})")
+        low, high = self.tis_band()
+        if not high >= 1.0:
+            raise UserError(f"tis_cap must be at least 1 (an on-policy token weighs 1), got {high}")
+        if not 0.0 <= low <= 1.0:
+            raise UserError(f"tis_low must be in [0, 1] (an on-policy token weighs 1), got {low}")
         if self.ratio_to not in RATIO_TO:
             raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
         if self.capo_units not in CAPO_UNITS or self.capo_remainder not in CAPO_REMAINDERS:

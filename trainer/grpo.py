@@ -22,7 +22,7 @@ from harnessrl.trainer.budget import LONG_SAMPLE, default_budget, memory_guard
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.data import Dataset, Sample, collate, limit_length
 from harnessrl.trainer.diagnostics import Diagnostics, masked_sums
-from harnessrl.trainer.losses import clipped_surrogate, clipped_tokens, k3_kl, tis_weight
+from harnessrl.trainer.losses import behaviour_weight, clipped_surrogate, clipped_tokens, k3_kl, mismatch_kl
 from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
 from harnessrl.trainer.steps import StepPlan
@@ -285,11 +285,11 @@ class HarnessTrainer(GRPOTrainer):
             adv = torch.where(adv < 0, adv * self.cfg.negative_weight, adv)
         loss = clipped_surrogate(logps, old, adv, self.epsilon_low, self.epsilon_high)
         if self.cfg.tis:
-            w = tis_weight(old, behaviour, self.cfg.tis_cap, self.cfg.tis_mode)
+            low, high = self.cfg.tis_band()
+            w, cut = behaviour_weight(old, behaviour, high, self.cfg.tis_mode, low, self.cfg.tis_level, mask)
             loss = loss * w
             self._log_mean("behaviour/weight_mean", *masked_sums(w, mask))
-            capped = (torch.exp(old.detach() - behaviour) > self.cfg.tis_cap).float()  # NaN compares False
-            self._log_mean("behaviour/capped_frac", *masked_sums(capped, known))
+            self._log_mean("behaviour/capped_frac", *masked_sums(cut.float(), known))
         if self.beta != 0.0:
             kl = k3_kl(logps, inputs["ref_per_token_logps"])
             loss = loss + self.beta * kl
@@ -307,6 +307,16 @@ class HarnessTrainer(GRPOTrainer):
         gap = (old.detach() - behaviour)[known > 0]
         self._log_mean("behaviour/abs_gap", gap.abs().sum(), gap.numel())
         self._log_max("behaviour/raw_weight_max", gap.exp().max())
+        self.log_mismatch(gap, mismatch_kl(old, behaviour)[known > 0])
+
+    def log_mismatch(self, gap: torch.Tensor, kl: torch.Tensor) -> None:
+        """The training–inference mismatch (§6.5), correction on or off and at staleness 0 too: the k3
+        estimate of KL(π_behaviour ‖ π_old) on the sampled tokens, and the share of them whose token
+        ratio r_t = exp(gap) lies outside the band [L, H] of `tis_band` (the cap alone for truncate)."""
+        low, high = self.cfg.tis_band()
+        r = gap.exp()
+        self._log_mean("mismatch/kl", kl.sum(), kl.numel())
+        self._log_mean("mismatch/out_of_band_frac", ((r < low) | (r > high)).sum(), r.numel())
 
     def share(self, per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """This micro-batch's share of the step's loss (the shares of a step sum to its aggregate)."""

@@ -1,5 +1,6 @@
 """The `loop` output directory for `/ui/runs`: the round table (`loop_state.json`) and the reward /
-success / tool-validity curves, drawn as inline SVG (no image files, no scripts)."""
+success / tool-validity curves, drawn as inline SVG (no image files, no scripts); for `loop --async`
+its step table. Each row shows the training–inference mismatch the trainer logged (docs/methods.md §6.5)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,26 @@ def check_loop_dir(path: str | Path) -> Path:
     return path
 
 
+def mismatch(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its mismatch cells: the mean k3 KL(π_behaviour ‖ π_old) over its steps, as text
+    (it is often below 1e-3, where a 3-decimal cell reads 0), and the share of tokens outside the
+    band; None where the trainer logged none (as the loop's printed table, app/loop/report.py)."""
+    log = row.get("train_log") or {}
+    kl = log.get("mismatch/kl")
+    return {**row, "mismatch_kl": None if kl is None else f"{kl:.2e}", "out_of_band": log.get("mismatch/out_of_band_frac")}
+
+
+def step_row(row: dict[str, Any]) -> dict[str, Any]:
+    """An async loop's optimizer step as the page shows it (staleness as mean/max over its groups)."""
+    stale = row.get("staleness") or [0]
+    return mismatch({**row, "stale": f"{sum(stale) / len(stale):.2f}/{max(stale)}"})
+
+
 def runs_view(loop_dir: Path) -> dict[str, Any]:
     """Rounds as recorded, and one polyline per curve on a shared 0..1 axis (rewards of
     other ranges are scaled by the largest absolute value seen)."""
     state = json.loads((loop_dir / "loop_state.json").read_text())
-    rounds = state.get("rounds") or []
+    rounds = [mismatch(r) for r in state.get("rounds") or []]
     top = max([1.0] + [abs(float(r.get(k) or 0.0)) for r in rounds for k, _ in CURVES])
     xs = [r["round"] for r in rounds]
     span = max(1, (max(xs) - min(xs)) if xs else 1)
@@ -38,4 +54,5 @@ def runs_view(loop_dir: Path) -> dict[str, Any]:
     curves = [{"key": k, "label": label,
                "points": " ".join(point(r["round"], float(r.get(k) or 0.0)) for r in rounds)} for k, label in CURVES]
     return {"dir": str(loop_dir), "model": state.get("model"), "initial_eval": state.get("initial_eval"),
-            "rounds": rounds, "curves": curves, "width": WIDTH, "height": HEIGHT, "pad": PAD, "top": top}
+            "rounds": rounds, "steps": [step_row(r) for r in state.get("steps") or []], "curves": curves,
+            "width": WIDTH, "height": HEIGHT, "pad": PAD, "top": top}

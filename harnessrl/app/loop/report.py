@@ -10,17 +10,31 @@ from rich.table import Table
 from harnessrl.app.loop.state import LoopState
 
 
+# the training–inference mismatch the trainer logs every step (docs/methods.md §6.5), shown beside each
+# round or step so that a drifting engine is seen without opening the trainer's log
+MISMATCH_COLUMNS = ("mismatch KL", "out of band")
+
+
+def mismatch_cells(row: dict) -> tuple[str, str]:
+    """A row's mean mismatch KL (k3) and share of tokens outside the band over its steps; blank where
+    the trainer logged none (no recorded sampling log-prob, or a loop from before the metric)."""
+    log = row.get("train_log") or {}
+    kl, out = log.get("mismatch/kl"), log.get("mismatch/out_of_band_frac")
+    return ("" if kl is None else f"{kl:.2e}", "" if out is None else f"{out:.3f}")
+
+
 def round_table(state: LoopState) -> Table:
     table = Table(title="harnessrl loop")
     for col in ("round", "reward", "success", "tool-call validity", "eval success", "tokens", "samples", "failed",
-                "time (s)", "weights"):
+                *MISMATCH_COLUMNS, "time (s)", "weights"):
         table.add_column(col, justify="right")
     if state.initial_eval is not None:
-        table.add_row("start", "", "", "", f"{state.initial_eval:.3f}", "", "", "", "", "base")
+        table.add_row("start", "", "", "", f"{state.initial_eval:.3f}", "", "", "", "", "", "", "base")
     for row in state.rounds:
         table.add_row(str(row["round"]), f"{row['train_reward']:.3f}", f"{row['train_success']:.3f}",
                       f"{row['tool_validity']:.3f}", f"{row['eval_success']:.3f}", str(row["tokens"]),
-                      str(row["samples"]), str(row.get("failed", 0)), f"{row['seconds']:.1f}", row["version"])
+                      str(row["samples"]), str(row.get("failed", 0)), *mismatch_cells(row), f"{row['seconds']:.1f}",
+                      row["version"])
     return table
 
 
@@ -28,17 +42,18 @@ def step_table(state: LoopState) -> Table:
     """`loop --async`: a row per optimizer step, its evaluations, and the totals as the caption."""
     evals = {e["step"]: e for e in state.evals}
     table = Table(title="harnessrl loop --async")
-    for col in ("step", "groups", "staleness (mean/max)", "reward", "success", "samples", "eval success", "time (s)",
-                "weights"):
+    for col in ("step", "groups", "staleness (mean/max)", "reward", "success", "samples", "eval success",
+                *MISMATCH_COLUMNS, "time (s)", "weights"):
         table.add_column(col, justify="right")
     if state.initial_eval is not None:
-        table.add_row("start", "", "", "", "", "", f"{state.initial_eval:.3f}", "", "base")
+        table.add_row("start", "", "", "", "", "", f"{state.initial_eval:.3f}", "", "", "", "base")
     for row in state.steps:
         st = row["staleness"] or [0]
         held = evals.get(row["step"])
         table.add_row(str(row["step"]), str(len(row["groups"])), f"{sum(st) / len(st):.2f}/{max(st)}",
                       f"{row['reward']:.3f}", f"{row['success']:.3f}", str(row["samples"]),
-                      f"{held['success']:.3f}" if held else "", f"{row['seconds']:.1f}", row["version"] or "")
+                      f"{held['success']:.3f}" if held else "", *mismatch_cells(row), f"{row['seconds']:.1f}",
+                      row["version"] or "")
     t = state.totals
     if t:
         table.caption = (f"{t.get('steps', 0):.0f} steps, {t.get('versions', 0):.0f} versions pushed; staleness mean "
