@@ -189,13 +189,16 @@ def test_mismatch_metrics_do_not_depend_on_the_split(tmp_path, tiny_model_dir):
 
 @pytest.mark.unit
 def test_behaviour_weight_shapes_and_config():
-    # r = (3, 1.5, 0.5, unknown): token level, band [0.6, 2]: truncate (2, 1.5, 0.5, 1); mask (0, 1.5, 0, 1)
+    # r = (3, 1.5, 0.5, unknown): token level, cap 2: truncate (2, 1.5, 0.5, 1); band [0.6, 2]: mask (0, 1.5, 0, 1)
     old = torch.zeros(4)
     b = torch.tensor([-math.log(3), -math.log(1.5), math.log(2), math.nan])
     w, cut = behaviour_weight(old, b, 2.0, "truncate")
     assert w.tolist() == pytest.approx([2.0, 1.5, 0.5, 1.0]) and cut.tolist() == [True, False, False, False]
     w, cut = behaviour_weight(old, b, 2.0, "mask", low=0.6)
     assert w.tolist() == pytest.approx([0.0, 1.5, 0.0, 1.0]) and cut.tolist() == [True, False, True, False]
+    # truncate with a lower edge clamps up to it (TRL's clip_min): (2, 1.5, 0.6, 1)
+    w, cut = behaviour_weight(old, b, 2.0, "truncate", low=0.6)
+    assert w.tolist() == pytest.approx([2.0, 1.5, 0.6, 1.0]) and cut.tolist() == [True, False, True, False]
     # sequence level over rows; the unknown token counts 1 in the product and takes the row's weight:
     # row (3, 1.5, 0.5, ·) → r = 2.25 → truncate 2 on all four; a row with nothing known weighs 1
     w, _ = behaviour_weight(old.view(1, 4), b.view(1, 4), 2.0, "truncate", level="sequence")
@@ -210,7 +213,7 @@ def test_behaviour_weight_shapes_and_config():
     assert TrainConfig(tis_mode="icepop").tis_band() == (0.5, 5.0)
     assert TrainConfig(tis_mode="icepop", tis_cap=3.0, tis_low=0.25).tis_band() == (0.25, 3.0)
     for kw, match in ((dict(tis_level="row"), "tis_level"), (dict(tis_mode="icepop", tis_level="sequence"), "icepop"),
-                      (dict(tis_low=0.5), "tis_low"), (dict(tis_mode="mask", tis_low=1.5), "tis_low"),
+                      (dict(tis_mode="mask", tis_low=1.5), "tis_low"),
                       (dict(tis_mode="icepop", tis_cap=0.9), "tis_cap")):
         with pytest.raises(UserError, match=match):
             TrainConfig(**kw).validate()

@@ -70,7 +70,8 @@ class TrainConfig:
     # are logged whether it is on or not
     tis: bool = option(False, "--tis/--no-tis", panel=CORRECTION,
                        help="Weight each token by π_old/π_behaviour, the recorded sampling log-probs (capped or masked).")
-    # truncate: min(r, C) (TIS); mask: r inside [tis_low, C], 0 outside (MIS; AReaL's behav_imp_weight_cap
+    # truncate: min(r, C) (TIS; clamped to [tis_low, C] when tis_low is set); mask: r inside [tis_low, C],
+    # 0 outside (MIS; AReaL's behav_imp_weight_cap
     # is its token-level one-sided form); icepop: the token-level two-sided mask, band [0.5, 5] unless set
     tis_mode: str = option("truncate", panel=CORRECTION,
                            help="truncate: min(r, cap) (TIS) | mask: r from tis-low to cap, 0 outside (MIS) | icepop: "
@@ -81,9 +82,10 @@ class TrainConfig:
     # C: the truncation cap and the band's upper edge; None: 2 (truncate, mask) or 5 (icepop, its paper's)
     tis_cap: float | None = option(None, panel=CORRECTION, help="Cap C and the band's upper edge (default 2; 5 "
                                    "for icepop).")
-    # the band's lower edge (mask, icepop); None: 0 (mask: one-sided, AReaL's) or 0.5 (icepop)
-    tis_low: float | None = option(None, panel=CORRECTION, help="The mask band's lower edge (default 0; 0.5 for "
-                                   "icepop).")
+    # the band's lower edge; None: 0 (truncate: min(r, C), TIS's; mask: one-sided, AReaL's) or 0.5 (icepop).
+    # truncate clamps below it (TRL's vllm_importance_sampling_clip_min), mask and icepop drop below it
+    tis_low: float | None = option(None, panel=CORRECTION, help="The band's lower edge: truncate clamps up to it, "
+                                   "mask and icepop drop below it (default 0; 0.5 for icepop).")
     # logp_old of the ratio (docs/methods.md §6): "round" = the policy at the start of this run (the
     # loop's round) before its first optimizer step, so the ε clip bounds how far the run's steps move
     # each token (PPO's); "behaviour" = the recorded sampling log-probs; "step" = the policy at the
@@ -183,8 +185,6 @@ class TrainConfig:
             raise UserError(f"unknown tis_level {self.tis_level!r}; choose one of {', '.join(TIS_LEVELS)}")
         if self.tis_mode == "icepop" and self.tis_level != "token":
             raise UserError("tis_mode icepop masks token by token; for a sequence band use tis_mode: mask, tis_level: sequence")
-        if self.tis_mode == "truncate" and self.tis_low not in (None, 0.0):
-            raise UserError(f"tis_low is the mask band's lower edge; tis_mode truncate caps above only (got tis_low {self.tis_low})")
         low, high = self.tis_band()
         if not high >= 1.0:
             raise UserError(f"tis_cap must be at least 1 (an on-policy token weighs 1), got {high}")

@@ -3,7 +3,8 @@
 ρ = exp(logp_θ − logp_old);  ℓ = −min(ρA, clip(ρ, 1−ε_lo, 1+ε_hi)A);
 KL: k3 estimator exp(ref − logp) − (ref − logp) − 1 (TRL's);
 behaviour weight (§6.5): r = exp(logp_old − logp_behaviour) per token, or its product over a
-sequence's tokens; truncated to min(r, C), or masked to r·1[L ≤ r ≤ H] (masked IS, IcePop's band);
+sequence's tokens; truncated to min(max(r, L), H) (TIS: L = 0), or masked to r·1[L ≤ r ≤ H] (masked
+IS, IcePop's band);
 1 where the behaviour log-prob is unknown (the proximal policy stands in for the behaviour)."""
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def behaviour_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, high:
 
     level "token": r_t per token; "sequence": one r per row (the last dim is the sequence), the
     product of r_t over the row's trained tokens (`mask`) with a recorded log-prob, applied to all of
-    them. mode "truncate": min(r, high) (TIS); "mask" / "icepop": r inside [low, high], 0 outside
-    (masked IS; IcePop is its token-level two-sided form). NaN behaviour → r_t = 1 (uncut)."""
+    them. mode "truncate": r clamped to [low, high] (TIS: low = 0, min(r, high)); "mask" / "icepop": r
+    inside [low, high], 0 outside (masked IS; IcePop is its token-level two-sided form). NaN
+    behaviour → r_t = 1 (uncut)."""
     log_r = old_logp.detach() - behaviour_logp
     known = ~torch.isnan(behaviour_logp)
     if level == "sequence":
@@ -40,8 +42,8 @@ def behaviour_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, high:
         raise ValueError(f"unknown tis_level {level!r}")
     r = torch.exp(log_r)
     if mode == "truncate":
-        cut = r > high
-        w = r.clamp(max=high)
+        cut = (r < low) | (r > high)
+        w = r.clamp(min=low, max=high)  # low = 0 by default: min(r, high), TIS's one-sided cap
     elif mode in ("mask", "icepop"):
         cut = (r < low) | (r > high)
         w = torch.where(cut, torch.zeros_like(r), r)

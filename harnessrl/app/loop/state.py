@@ -5,7 +5,10 @@ Both drivers keep the start (the teacher warm-up, the held-out success at the st
 checkpoint the next step starts from (`model`). The round driver adds a row per round; the
 asynchronous driver a row per optimizer step, each rollout group with its status, the weight
 versions it has pushed (`versions`, oldest first: index 0 is the weights it started from), its
-held-out evaluations and its totals."""
+held-out evaluations and its totals.
+
+A row's `train_log` holds the trainer's logged metrics, among them the training–inference mismatch
+(`mismatch/kl`, `mismatch/out_of_band_frac`: docs/methods.md §6.5) that the tables and the viewer show."""
 
 from __future__ import annotations
 
