@@ -245,3 +245,31 @@ def test_mismatch_in_the_loop_tables_and_the_viewer(tmp_path):
     view = runs_view(tmp_path)
     assert [(r["mismatch_kl"], r["out_of_band"]) for r in view["rounds"]] == [("1.23e-04", 0.0625), (None, None)]
     assert (view["steps"][0]["mismatch_kl"], view["steps"][0]["stale"]) == ("1.23e-04", "1.00/2")
+
+
+@pytest.mark.unit
+def test_pact_trace_rows_are_left_out_of_the_mismatch(tmp_path, tiny_model_dir):
+    # PACT's trace rows (z = 0) score logp_old under c^h = [x; h*] while the server sampled their tokens
+    # under x: their gap is the privileged block's effect, not the engine's, so the mismatch metrics
+    # skip them (the behaviour gap, which reports how far π_old lies from the sampling policy, keeps
+    # them). q = 0: every row a trace row → no mismatch logged; q = 1: every row an anchor → the k3
+    # mean over all trained tokens, each with logp_behaviour = −2 (the fixture's): mean(e^d − d − 1),
+    # d = logp_old + 2, logp_old the step-0 log-probs.
+    from trainer_fixtures import tiny_samples
+
+    from harnessrl.trainer.pact import PactTrainer
+
+    d = tiny_samples(tmp_path / "s", tiny_model_dir, traces=True)
+    tr = make_trainer(PactTrainer, tiny_model_dir, d, algo="pact", pact_q=0.0, beta=0.0)
+    tr.objective(tr.model, tr.fixed_batch())
+    got = logged(tr)
+    assert "behaviour/abs_gap" in got and "mismatch/kl" not in got
+    tr = make_trainer(PactTrainer, tiny_model_dir, d, algo="pact", pact_q=1.0, beta=0.0)
+    batch = tr.fixed_batch()
+    assert bool((batch["gate"] == 1).all())
+    with torch.no_grad():
+        old = tr.policy_logps(tr.model, batch)[0]
+    tr.objective(tr.model, batch)
+    sel = batch["loss_mask"] > 0
+    dd = (old + 2.0)[sel].double()
+    assert logged(tr)["mismatch/kl"] == pytest.approx(float((dd.exp() - dd - 1).mean()), rel=1e-4)

@@ -278,6 +278,7 @@ class HarnessTrainer(GRPOTrainer):
         behaviour, mask = inputs["behaviour_logps"], inputs["loss_mask"]
         known = mask * ~torch.isnan(behaviour)  # trained tokens with a recorded sampling log-prob
         self.log_behaviour_gap(old, behaviour, mask, known)
+        self.log_mismatch(old, behaviour, known, self.sampled_context_rows(inputs))
         if self.cfg.ratio_to == "behaviour":
             old = torch.where(torch.isnan(behaviour), old, behaviour)  # unknown where the server sent none
         adv = inputs["advantages"]
@@ -307,12 +308,22 @@ class HarnessTrainer(GRPOTrainer):
         gap = (old.detach() - behaviour)[known > 0]
         self._log_mean("behaviour/abs_gap", gap.abs().sum(), gap.numel())
         self._log_max("behaviour/raw_weight_max", gap.exp().max())
-        self.log_mismatch(gap, mismatch_kl(old, behaviour)[known > 0])
 
-    def log_mismatch(self, gap: torch.Tensor, kl: torch.Tensor) -> None:
-        """The training–inference mismatch (§6.5), correction on or off and at staleness 0 too: the k3
-        estimate of KL(π_behaviour ‖ π_old) on the sampled tokens, and the share of them whose token
-        ratio r_t = exp(gap) lies outside the band [L, H] of `tis_band` (the cap alone for truncate)."""
+    def sampled_context_rows(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """(rows,) 1 where a row's logp_old is scored in the context its tokens were sampled in; None:
+        every row. The mismatch metrics count those rows only (PACT's c^h rows differ by the context)."""
+        return None
+
+    def log_mismatch(self, old: torch.Tensor, behaviour: torch.Tensor, known: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """The training–inference mismatch (§6.5), correction on or off and at staleness 0 too, over the
+        trained tokens with a recorded log-prob: the k3 estimate of KL(π_behaviour ‖ π_old) on them, and
+        the share whose token ratio r_t lies outside the band [L, H] of `tis_band`."""
+        counted = known if rows is None else known * rows[:, None].to(known.dtype)
+        if not bool(counted.any()):
+            return
+        sel = counted > 0
+        gap = (old.detach() - behaviour)[sel]
+        kl = mismatch_kl(old, behaviour)[sel]
         low, high = self.cfg.tis_band()
         r = gap.exp()
         self._log_mean("mismatch/kl", kl.sum(), kl.numel())

@@ -308,6 +308,11 @@ class PactTrainer(HarnessTrainer):
             logps, _ = packed_logps(self, model, inputs["sft_packed"])
         return -(logps * w).sum(-1) / w.sum(-1).clamp(min=1e-12)  # 0 on rows without a sequence
 
+    def sampled_context_rows(self, inputs):
+        # a trace row (z = 0) is scored under c^h, its tokens were sampled under x: its logp_old −
+        # logp_behaviour is the privileged block's effect, not the engine's mismatch (§6.5)
+        return inputs["gate"]
+
     def objective(self, model, inputs):
         logps, entropy = self.policy_logps(model, inputs)
         per_token, old = self.per_token_loss(logps, inputs)
