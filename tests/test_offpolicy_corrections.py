@@ -273,3 +273,22 @@ def test_pact_trace_rows_are_left_out_of_the_mismatch(tmp_path, tiny_model_dir):
     sel = batch["loss_mask"] > 0
     dd = (old + 2.0)[sel].double()
     assert logged(tr)["mismatch/kl"] == pytest.approx(float((dd.exp() - dd - 1).mean()), rel=1e-4)
+
+
+def test_mismatch_logged_at_every_step_of_a_real_run(tmp_path, tiny_model_dir):
+    # Two optimizer steps through TRL's own loop, sequence-level masked IS on: each step's log entry
+    # carries both metrics (and the correction's own), and the loop's train_log keeps their mean.
+    from trainer_fixtures import tiny_samples
+
+    from harnessrl.app.loop.stages import train_log
+
+    d = tiny_samples(tmp_path / "s", tiny_model_dir)
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, d, steps=2, batch_size=4, tis=True, tis_mode="mask",
+                      tis_level="sequence", tis_low=0.5)
+    tr.train()
+    steps = [e for e in tr.state.log_history if "loss" in e]
+    assert len(steps) == 2
+    for e in steps:
+        assert e["mismatch/kl"] > 0 and 0.0 <= e["mismatch/out_of_band_frac"] <= 1.0 and "behaviour/capped_frac" in e
+    kept = train_log(tr.state.log_history)
+    assert kept["mismatch/kl"] == pytest.approx((steps[0]["mismatch/kl"] + steps[1]["mismatch/kl"]) / 2)
