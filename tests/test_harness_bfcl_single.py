@@ -4,8 +4,10 @@ loop's task options, and one rollout through the real proxy on the tiny model.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,8 @@ from harnessrl.errors import UserError
 from harnessrl.harness_examples.bfcl_single import data
 from harnessrl.harness_examples.bfcl_single.bfcl_imports import bfcl
 from harnessrl.harness_examples.bfcl_single.checker import check
+
+ROOT = Path(__file__).resolve().parents[1]
 
 def _task(task_id: str) -> data.BfclSingleTask:
     return next(t for t in data.load_tasks() if t.id == task_id)
@@ -52,6 +56,9 @@ def test_split_by_id_is_disjoint_stable_and_the_same_for_every_seed():
         assert {t.category for t in held} == set(data.CATEGORIES)  # a few tasks still cover every category
     assert runs[0][1] == runs[1][1] and runs[0][0] != runs[1][0]  # held-out: fixed; training: the seed's draw
     assert data.choose(tasks, 24, 0.25, 0) == runs[0]
+    # what the accuracy bench scores: the whole held-out side, or each category's first ones in that order
+    assert sorted(t.id for t in data.held_out()) == sorted(t.id for t in held_side)
+    assert [t.id for t in data.held_out(["parallel"], 1)] == [t.id for t in runs[0][1] if t.category == "parallel"]
 
 
 @pytest.mark.unit
@@ -145,7 +152,16 @@ def rollout(tiny_model_dir, tmp_path_factory):
     task = _task("simple_python_97")  # the shortest prompt with its tools
     with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0)) as p:
         result = run_rollout(p.url, task, BfclSingleConfig(max_tokens=24, temperature=0.0), run="t")
-    return db, task, result
+        report = _bench().evaluate(p.url, data.held_out(["simple_python", "parallel"], 1), max_tokens=16,
+                                   concurrency=2, run="bench")
+    return db, task, result, report
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bfcl_accuracy", ROOT / "bench" / "bfcl_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_rollout_through_the_proxy_reports_bfcl_s_verdict(rollout):
@@ -154,7 +170,7 @@ def test_a_rollout_through_the_proxy_reports_bfcl_s_verdict(rollout):
     from harnessrl.db import open_db
     from harnessrl.records import Call, Reward
 
-    db, task, result = rollout
+    db, task, result, _ = rollout
     _, make_session = open_db(db)
     with make_session() as s:
         calls = s.scalars(select(Call).where(Call.rollout_id == result.rollout_id)).all()
@@ -167,3 +183,16 @@ def test_a_rollout_through_the_proxy_reports_bfcl_s_verdict(rollout):
     tool_calls = calls[0].response["choices"][0]["message"].get("tool_calls") or []
     verdict = check(task, [(c["function"]["name"], c["function"]["arguments"]) for c in tool_calls])
     assert result.outcome == float(verdict["valid"]) and result.metrics["tool_calls"] == len(tool_calls)
+
+
+def test_the_accuracy_bench_reports_each_category_on_held_out_ids(rollout):
+    from rich.console import Console
+
+    report = rollout[3]
+    assert report["categories"].keys() == {"simple_python", "parallel"}
+    assert all(r["total"] == 1 and r["correct"] in (0, 1) for r in report["categories"].values())
+    assert [e["id"] for e in report["entries"]] == [t.id for t in data.held_out(["simple_python", "parallel"], 1)]
+    assert all(data.is_held_out(e["id"]) and (e["valid"] or ":" in e["verdict"]) for e in report["entries"])
+    console = Console(width=120, record=True)
+    console.print(_bench().table(report, "t"))
+    assert "all (pooled)" in console.export_text() and "parallel_multiple" not in console.export_text()

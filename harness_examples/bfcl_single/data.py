@@ -102,7 +102,18 @@ def choose(pool: list[BfclSingleTask], n_tasks: int, eval_fraction: float,
         raise UserError(f"--n-tasks {n_tasks} with --eval-fraction {eval_fraction}: bfcl_single's tasks here hold "
                         f"{len(train_side)} training and {len(held_side)} held-out ids")
     train = _balanced(train_side, n_tasks - n_eval, lambda t: _id_hash(f"{seed}:{t.id}"))
-    return train, _balanced(held_side, n_eval, lambda t: _id_hash(t.id))
+    return train, _balanced(held_side, n_eval, _held_order)
+
+
+def _held_order(task: BfclSingleTask) -> int:
+    return _id_hash(task.id)
+
+
+def held_out(categories: tuple[str, ...] | list[str] = CATEGORIES,
+             per_category: int | None = None) -> list[BfclSingleTask]:
+    """Each category's held-out entries in their fixed order (the order `choose` takes them in),
+    the first `per_category` of each: what bench/bfcl_accuracy.py scores."""
+    return [t for c in categories for t in sorted(split(load_tasks([c]))[1], key=_held_order)[:per_category]]
 
 
 def read_selection(path: Path) -> list[BfclSingleTask]:
