@@ -44,7 +44,7 @@ def run_rollout(hrl: HarnessRL | str, task: BfclSingleTask, cfg: BfclSingleConfi
         outcome = float(bool(verdict["valid"]))
         ro.reward(outcome)
         metrics = {"success": outcome, "model_calls": 1.0, "tool_calls": float(len(calls)),
-                   "decoded": float(not verdict.get("error_type", "").startswith("ast_decoder"))}
+                   "decoded": float(error is None and not verdict.get("error_type", "").startswith("ast_decoder"))}
         # the answer column: BFCL's verdict ("valid" or its error type)
         return RolloutResult(ro.id, task.id, outcome, "valid" if outcome else verdict.get("error_type", ""), metrics,
                              error)
