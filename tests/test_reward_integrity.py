@@ -1,5 +1,6 @@
 """The coding family's test reward, tried as a reward-hacking policy would (issue 42; helper
-modules test the keys and the resource caps). Every trick on the scoring scores no more than
+modules test the keys and the resource caps; the second round, issue 54, is test_red_team_round2.py).
+Each case runs against the task's hidden tests as a pytest file and as data (calls.py). Every trick on the scoring scores no more than
 doing nothing, none is a failed rollout, the host never writes through or reads through a link
 the agent made, and the legitimate fix still scores 1. Most cases drive the scorer directly
 (`score_rollout`, what `run_limited_rollout` calls after the harness) under bubblewrap; the
@@ -41,17 +42,28 @@ def pytest_runtest_makereport(item, call):
 SUMMARY = "print('11 passed in 0.01s', flush=True)\n"
 
 
-@pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    root = tmp_path_factory.mktemp("integrity")
-    files = write(root / "tasks", 1, 0, seed=0, salt="integrity")
+def _make_task(tmp_path_factory, hidden: str):
+    root = tmp_path_factory.mktemp(f"integrity-{hidden}")
+    files = write(root / "tasks", 1, 0, seed=0, salt="integrity", hidden=hidden)
     [row] = read_tasks(files["all"])
     coding = coding_tasks([row], files["all"], RolloutFlags())[row.id]
     [(module, fixed)] = row.reference.items()
     t = {"task": coding, "row": row, "files": files, "root": root, "pkg": module.split("/")[0],
-         "module": module, "fixed": fixed, "broken": row.workspace[module]}
+         "module": module, "fixed": fixed, "broken": row.workspace[module], "hidden": hidden}
     t["nothing"] = _score(t).reward
     return t
+
+
+@pytest.fixture(scope="module", params=["pytest", "calls"])
+def task(request, tmp_path_factory):
+    """The generated task with its hidden tests as a pytest file (the clean room's runner) and as
+    data (calls.py, the family's default): every first-round trick fails against both."""
+    return _make_task(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module")
+def pytest_task(tmp_path_factory):
+    return _make_task(tmp_path_factory, "pytest")
 
 
 def _score(t, attack=None, sandbox="bwrap", mode="pass-fraction"):
@@ -168,7 +180,8 @@ ATTACKS = {
 
 def test_doing_nothing_scores_the_broken_code_and_the_fix_scores_1(task):
     nothing = _score(task)
-    assert nothing.metadata["report"] == "signed" and nothing.metadata["known"] == len(task["task"].known_tests)
+    assert nothing.metadata["report"] == {"pytest": "signed", "calls": "read"}[task["hidden"]]
+    assert nothing.metadata["known"] == len(task["task"].known_tests)
     assert nothing.reward == nothing.metadata["passed"] / nothing.metadata["known"] < 1.0
     fixed = _score(task, _files({"{module}": task["fixed"]}))
     assert fixed.reward == 1.0 and fixed.metadata["passed"] == fixed.metadata["known"], fixed.metadata
@@ -186,8 +199,10 @@ def test_an_attack_on_the_scoring_scores_no_more_than_doing_nothing(task, name):
         assert _score(task, ATTACKS[name], mode="all-pass").reward == 0.0
 
 
-def test_an_attack_with_the_fix_in_place_scores_0(task):
-    """Tampering is not excused by a correct fix beside it: the run it tampered with is not trusted."""
+def test_an_attack_with_the_fix_in_place_scores_0(pytest_task):
+    """Tampering is not excused by a correct fix beside it: the run it tampered with is not trusted.
+    (Under data tests the no-op does nothing to the verdict, and the fix is simply scored.)"""
+    task = pytest_task
     def both(ws, t):
         (ws / t["module"]).write_text(t["fixed"])
         ATTACKS["__init__ turns every test into a no-op"](ws, t)
@@ -239,9 +254,10 @@ def test_a_task_whose_hidden_tests_fail_on_its_reference_is_an_error_at_load(tas
         coding_tasks(read_tasks(bad), bad, RolloutFlags())
 
 
-def test_a_tasks_own_reward_cmd_runs_in_the_clean_room_without_the_rollouts_keys(task, monkeypatch, tmp_path):
+def test_a_tasks_own_reward_cmd_runs_in_the_clean_room_without_the_rollouts_keys(pytest_task, monkeypatch, tmp_path):
     """Its reward is read from its output (the user's command, the user's to trust), but over the
     clean room and in an environment without the proxy's key or Python's variables."""
+    task = pytest_task
     from dataclasses import replace
 
     from harnessrl.app.scoring.hidden_tests import score_in_place

@@ -122,16 +122,15 @@ def test_tests_planted_in_the_workspace_do_not_count(setup):
     assert result.outcome == 0.0 and reward.meta["failed"] == N_HIDDEN and "test_planted" not in reward.meta["output"]
 
 
-@pytest.mark.parametrize("mode, flags, error", [
-    ("crash", RolloutFlags(timeout=120), "exit code 3"),
-    ("sleep", RolloutFlags(timeout=4), "timed out after 4 s"),
-])
-def test_a_crash_or_a_timeout_is_a_failed_rollout_without_a_reward(setup, mode, flags, error):
-    """Even with the fix in place: a harness that crashed or hung is not scored (docs/coding.md)."""
+@pytest.mark.parametrize("mode, flags", [("crash", RolloutFlags(timeout=120)), ("sleep", RolloutFlags(timeout=4))])
+def test_a_crash_or_a_timeout_is_scored_on_what_the_harness_left(setup, mode, flags):
+    """With the fix in place: a harness's own end is no escape from its score, nor a way to lose a
+    good one (docs/coding.md, issue 54); the rollout is finished, not failed."""
     result = _runner(setup, mode, flags)
-    assert result.error.startswith(error)
-    ro, rewards = _rollout(setup["db"], result.rollout_id)
-    assert ro.status == "failed" and ro.meta["error"] == error and rewards == []
+    assert result.error is None and result.outcome == 1.0, result
+    ro, [reward] = _rollout(setup["db"], result.rollout_id)
+    assert ro.status == "finished" and reward.value == 1.0
+    assert reward.meta["harness"]["timed_out"] is (mode == "sleep") and reward.meta["harness"]["exit_code"] != 0
 
 
 def test_refused_calls_keep_the_tests_reward_and_are_reported(setup):
@@ -153,14 +152,14 @@ def test_harnessrl_run_runs_one_task_and_the_viewer_shows_the_test_output(setup,
     fixed = done.stderr.split("harnessrl run: rollout ", 1)[1].split()[0]
     crashed = subprocess.run(base + [sys.executable, str(setup["agent"]), "crash", str(edit), str(tmp_path / "t.json")],
                              capture_output=True, text=True, timeout=180, cwd=tmp_path, env=_with_task_file(tmp_path, task))
-    assert crashed.returncode == 3
-    failed = crashed.stderr.split("harnessrl run: rollout ", 1)[1].split()[0]
+    assert crashed.returncode == 3 and "outcome 1" in crashed.stderr  # scored on what it left, exit code kept
+    crashed_id = crashed.stderr.split("harnessrl run: rollout ", 1)[1].split()[0]
     with serve(create_viewer(str(setup["db"]))) as url:
         page = html.unescape(httpx.get(f"{url}/rollouts/{fixed}").text)
         assert f"{N_HIDDEN} passed" in page and "tests" in page and '"mode": "pass-fraction"' in page
         assert httpx.get(f"{setup['url']}/harnessrl/rollouts/{fixed}").json()["status"] == "finished"  # scored: not left open
-        page = httpx.get(f"{url}/rollouts/{failed}").text
-        assert 'id="rollout-error">failed: exit code 3<' in page and "no rewards reported" in page
+        page = html.unescape(httpx.get(f"{url}/rollouts/{crashed_id}").text)
+        assert f"{N_HIDDEN} passed" in page and '"exit_code": 3' in page
 
 
 def _with_task_file(folder: Path, task) -> dict:

@@ -40,6 +40,19 @@ def test_generation_is_deterministic_varied_and_held_out_apart():
     assert not {str(code(r)) for r in train} & {str(code(r)) for r in held}
 
 
+def test_the_hidden_cases_as_data_are_the_pytest_files_cases():
+    """`hidden="calls"` (the default) and `"pytest"` hold the same cases; only their form differs."""
+    calls, _ = generate(3, 0, seed=4, salt="s")
+    files, _ = generate(3, 0, seed=4, salt="s", hidden="pytest")
+    for a, b in zip(calls, files):
+        assert {k: v for k, v in a.items() if k != "hidden_tests"} == {k: v for k, v in b.items() if k != "hidden_tests"}
+        [text] = b["hidden_tests"].values()
+        cases = json.loads(a["hidden_tests"]["hidden_tests/calls.json"])["cases"]
+        assert [c["id"] for c in cases] == [f"case{i}" for i in range(len(cases))] and len(cases) == text.count("\n    ((")
+        for c in cases:
+            assert f"({tuple(c['args'])!r}, {c['expected']!r})" in text
+
+
 def test_without_its_salt_the_seed_does_not_replay_the_tasks():
     """What a sandboxed agent can do: run the installed generator with the seed (0, the default)."""
     made = generate(4, 2, seed=0, salt="the operator's secret")
@@ -56,7 +69,7 @@ def test_without_its_salt_the_seed_does_not_replay_the_tasks():
 
 def test_an_object_equal_to_everything_fails_the_generated_tests(tmp_path):
     """The AlwaysEqual hack: a return value whose __eq__ says True to any expected value."""
-    [row], _ = generate(1, 0, seed=2, salt="")
+    [row], _ = generate(1, 0, seed=2, salt="", hidden="pytest")
     _lay(row["workspace"], tmp_path)
     _lay(row["hidden_tests"], tmp_path)
     [(path, text)] = row["reference"].items()
@@ -70,7 +83,7 @@ def test_an_object_equal_to_everything_fails_the_generated_tests(tmp_path):
 
 @pytest.mark.slow  # 24 pytest runs: ~40 s on an idle core
 def test_every_task_fails_as_given_and_passes_with_its_reference(tmp_path):
-    train, _ = generate(len(TEMPLATES), 0, seed=1, salt="")  # every template once, the kinds alternating
+    train, _ = generate(len(TEMPLATES), 0, seed=1, salt="", hidden="pytest")  # every template once, the kinds alternating
     for row in train:
         root = tmp_path / row["id"]
         _lay(row["workspace"], root)

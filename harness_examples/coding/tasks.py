@@ -5,8 +5,11 @@ Offline and reproducible: a seed and a salt give the same files. The salt is the
 generator installed where a sandboxed agent can read it cannot replay a task's constants, hidden
 cases or reference (docs/coding.md, "What a sandbox can read"). A task is one tasks-file row
 (harnessrl/tasks_file.py) with inline trees: `workspace` (a package with the function and a
-helper module, visible tests in tests/, a README), `hidden_tests` (hidden_tests/: the visible
-cases and more, laid over the workspace only for the reward) and `reference` (the fixed module,
+helper module, visible tests in tests/, a README), `hidden_tests` (the visible cases and more:
+by default as data, `hidden_tests/calls.json` — each case a call, its arguments and the expected
+result — which the scorer keeps outside the sandbox that runs the agent's code
+(app/scoring/calls.py); with `hidden="pytest"`, a pytest file laid over the workspace for the
+reward, the clean room's mode for tasks that must keep pytest files) and `reference` (the fixed module,
 what a solution looks like: scripted agents and checks use it). Train and held-out tasks come
 from separate random streams, and no training task shares a held-out task's (template, kind,
 constants, names) signature: what is held out is new code, not new inputs to the same code.
@@ -71,6 +74,13 @@ def _tests(pkg: str, mod: str, fn: str, cases: list[tuple[tuple, Any]]) -> str:
             f"def test_{fn}(args, expected):\n    got = {fn}(*args)\n    assert same(got, expected), (got, expected)\n")
 
 
+def _calls(pkg: str, mod: str, fn: str, cases: list[tuple[tuple, Any]]) -> str:
+    """The cases as data (app/scoring/calls.py), a line each; ids by position, as the pytest file's."""
+    rows = [json.dumps({"id": f"case{i}", "call": f"{pkg}.{mod}:{fn}", "args": list(args), "expected": expected,
+                        "compare": "exact"}) for i, (args, expected) in enumerate(cases)]
+    return '{"format": "harnessrl-calls/1", "cases": [\n' + ",\n".join(rows) + "\n]}\n"
+
+
 def _compile(fn: str, params: str, body: str):
     space: dict[str, Any] = {}
     exec(f"def {fn}({params}):\n{body}\n", space)  # noqa: S102 - the template's own code, to compute expectations
@@ -88,7 +98,8 @@ def _cases(rng: random.Random, t: Template, consts: dict, n: int) -> list[tuple]
     return out
 
 
-def _task(rng: random.Random, t: Template, kind: str, task_id: str) -> tuple[tuple, dict] | None:
+def _task(rng: random.Random, t: Template, kind: str, task_id: str,
+          hidden_as: str = "calls") -> tuple[tuple, dict] | None:
     consts = t.consts(rng)
     fn, mod, pkg = rng.choice(t.names), rng.choice(t.modules), rng.choice(PACKAGES)
     fixed_body, doc = t.fixed.format(**consts), t.doc.format(**consts)
@@ -126,13 +137,14 @@ def _task(rng: random.Random, t: Template, kind: str, task_id: str) -> tuple[tup
     row = {"id": task_id, "input": statement,
            "reference": {f"{pkg}/{mod}.py": _module(fn, t.params, doc, fixed_body)},
            "workspace": workspace,
-           "hidden_tests": {f"hidden_tests/test_{mod}_hidden.py": _tests(pkg, mod, fn, hidden)},
+           "hidden_tests": {"hidden_tests/calls.json": _calls(pkg, mod, fn, hidden)} if hidden_as == "calls" else
+           {f"hidden_tests/test_{mod}_hidden.py": _tests(pkg, mod, fn, hidden)},
            "family": t.family, "kind": kind}
     signature = (t.family, kind, json.dumps(consts, sort_keys=True), fn, mod, pkg)
     return signature, row
 
 
-def _draw(stream: str, n: int, avoid: set, prefix: str) -> tuple[list[dict], set]:
+def _draw(stream: str, n: int, avoid: set, prefix: str, hidden_as: str) -> tuple[list[dict], set]:
     """n rows cycling through the templates and both kinds; none with a signature in `avoid`."""
     rng = random.Random(stream)
     rows: list[dict] = []
@@ -142,7 +154,7 @@ def _draw(stream: str, n: int, avoid: set, prefix: str) -> tuple[list[dict], set
             break
         i = len(rows)
         made = _task(rng, TEMPLATES[i % len(TEMPLATES)], ("bug", "missing")[(i // len(TEMPLATES) + i) % 2],
-                     f"{prefix}-{i:04d}")
+                     f"{prefix}-{i:04d}", hidden_as)
         if made is not None and made[0] not in avoid:
             made_sigs.add(made[0])
             rows.append(made[1])
@@ -155,19 +167,24 @@ def new_salt() -> str:
     return secrets.token_hex(16)
 
 
-def generate(n_train: int, n_eval: int, seed: int = 0, salt: str | None = None) -> tuple[list[dict], list[dict]]:
+def generate(n_train: int, n_eval: int, seed: int = 0, salt: str | None = None,
+             hidden: str = "calls") -> tuple[list[dict], list[dict]]:
     """(training rows, held-out rows): tasks-file rows with inline workspace and hidden tests.
-    `salt`: None draws a fresh one, so only a caller that keeps its salt can make the same rows again."""
+    `salt`: None draws a fresh one, so only a caller that keeps its salt can make the same rows again.
+    `hidden`: calls (the hidden cases as data) | pytest (as a pytest file); the same cases either way."""
+    if hidden not in ("calls", "pytest"):
+        raise UserError(f"hidden tests as {hidden!r}: use calls | pytest")
     salt = new_salt() if salt is None else salt
     # the held-out set first: fixed by the seed and salt alone, whatever --n-train is
-    held, held_sigs = _draw(f"coding-eval-{seed}-{salt}", n_eval, set(), "coding-eval")
-    return _draw(f"coding-train-{seed}-{salt}", n_train, held_sigs, "coding-train")[0], held
+    held, held_sigs = _draw(f"coding-eval-{seed}-{salt}", n_eval, set(), "coding-eval", hidden)
+    return _draw(f"coding-train-{seed}-{salt}", n_train, held_sigs, "coding-train", hidden)[0], held
 
 
-def write(out: Path, n_train: int, n_eval: int, seed: int = 0, salt: str | None = None) -> dict[str, Path]:
+def write(out: Path, n_train: int, n_eval: int, seed: int = 0, salt: str | None = None,
+          hidden: str = "calls") -> dict[str, Path]:
     """OUT/coding.jsonl (training rows, then held-out rows), OUT/train.jsonl, OUT/eval.jsonl. The salt
     is not written: the rows are the record, and the folder is hidden from every sandbox."""
-    train, held = generate(n_train, n_eval, seed, salt)
+    train, held = generate(n_train, n_eval, seed, salt, hidden)
     out.mkdir(parents=True, exist_ok=True)
     files = {"all": out / "coding.jsonl", "train": out / "train.jsonl", "eval": out / "eval.jsonl"}
     for key, rows in (("all", train + held), ("train", train), ("eval", held)):

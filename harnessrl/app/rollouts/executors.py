@@ -7,6 +7,9 @@ batch (`run_batch`) is the same, waiting for all. Each job runs through the harn
 (`HarnessTasks.run`), and a rollout is given up at its deadline: a backstop above the harness's
 own timeout, so that one hung rollout cannot hang the loop. A rollout given up, or lost with its
 Ray node, is a result with an error and no rollout id (`jobs.lost`): failed, never a 0 reward.
+So is a rollout whose runner raised (`jobs.raised`): its exception never leaves the executor, so
+one rollout cannot end the loop (issue 54); only a `UserError` (the user's configuration, one line
+for every rollout alike) is raised to the loop.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Protocol
 from rich.progress import Progress
 
 from harnessrl.app.rollouts.harnesses import Runner
-from harnessrl.app.rollouts.jobs import Job, lost
+from harnessrl.app.rollouts.jobs import Job, lost, raised
 from harnessrl.app.sandbox.running import stop_threads
 from harnessrl.errors import UserError
 
@@ -108,6 +111,10 @@ class LocalFlight:
             return
         try:
             self._done.put((key, job.run(self.runner, self.url), None))
+        except UserError as exc:  # the user's to fix: raised in the collecting thread
+            self._done.put((key, None, exc))
+        except Exception as exc:  # noqa: BLE001 - this rollout's fault: failed and counted, the loop goes on
+            self._done.put((key, raised(job, exc), None))
         except BaseException as exc:  # noqa: BLE001 - handed to the collecting thread, raised there
             self._done.put((key, None, exc))
 

@@ -41,6 +41,14 @@ def lost(job: Job, why: str) -> RolloutResult:
     return RolloutResult(rollout_id="", task_id=job.task_id, outcome=0.0, error=why)
 
 
+def raised(job: Job, exc: BaseException) -> RolloutResult:
+    """The result of a job whose runner raised: failed, with the exception in one line."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    why = f"the rollout raised {type(exc).__name__}: {first}"[:300]
+    return RolloutResult(rollout_id="", task_id=job.task_id, outcome=0.0, error=why.encode("utf-8", "backslashreplace")
+                         .decode())
+
+
 def counted(results: list[Any]) -> tuple[str, ...] | None:
     """The rollout ids the results count, or None where a result does not name its rollout (a user
     harness may return just the outcome): then only its run tag says which rollouts are the batch's."""

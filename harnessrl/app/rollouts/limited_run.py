@@ -4,10 +4,12 @@ The rules a user training coding agents relies on (docs/coding.md, "Sandbox and 
 "What the reward trusts"):
 - the command runs with its working directory the rollout's workspace (a fresh copy of the
   task's, or `RunOptions.workspace`), under `Limits` (sandbox/run.py), to its end or its timeout;
-- a command that exits non-zero or times out is a failed rollout: no outcome is recorded (its
-  tests are not run: an agent that crashed after a lucky edit is not a success), and the rollout
-  is finished as failed with the reason, which compile leaves out;
-- a command that ran to its end is scored after its sandbox is gone (scoring/hidden_tests.py): the agent's
+- a host-scored task's command is scored however it ended (issue 54): exiting non-zero, killed,
+  or past its timeout (under bubblewrap the launcher kills it there and hands its workspace back),
+  the tests run on what it left and the score is the policy's. A rollout is `failed` only for
+  what the agent cannot cause: the loop stopped it, or the scorer itself failed (`ScorerFault`).
+  A command that reports its own outcome (`--reward-from`) that crashes or times out is failed;
+- after its sandbox is gone, the command's work is scored (scoring/hidden_tests.py): the agent's
   solution surface in a clean copy of the task's workspace, the hidden tests in a fresh sandbox,
   the reward from a signed per-test report (or the task's own reward command), with the test
   output as the reward's metadata. Whatever the policy's code does to the test run scores at
@@ -29,6 +31,7 @@ from typing import IO
 from harnessrl.app.rollouts.command import RunOptions, RunResult, outcome_of, reward_file_of
 from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
 from harnessrl.app.scoring.clean_room import solution_surface
+from harnessrl.app.scoring.hostile import safe_meta, safe_text
 from harnessrl.app.scoring.hidden_tests import known_for_all, reference_tree, score_in_place, score_rollout
 from harnessrl.app.scoring.workspace import REWARD_MODES, CodingTask, check_tree, fresh_workspace
 from harnessrl.client import Rollout
@@ -167,33 +170,39 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
         if done.stopped:
             return RunResult(ro.id, done.code, None, error="stopped: the loop ended before this rollout did",
                              metrics=metrics)
-        if done.timed_out:
-            return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s", metrics=metrics)
-        if done.capped:
+        if done.capped:  # a cap hit is the policy's doing: scored like any other end
             metrics["capped"] = 1.0
-        # a cap hit is the policy's doing: scored like any other end, not a failed rollout
-        failed = f"exit code {done.code}" if done.code != 0 and not done.capped else None
-        if not (task is not None and task.hidden_tests is not None or opts.reward_cmd is not None):
+        host_scored = task is not None and task.hidden_tests is not None or opts.reward_cmd is not None
+        if not host_scored:
+            if done.timed_out:
+                return RunResult(ro.id, done.code, None, error=f"timed out after {limits.timeout:g} s",
+                                 metrics=metrics)
             # scored by the command itself: `--reward-from exit-code` makes a crash its 0
+            failed = f"exit code {done.code}" if done.code != 0 and not done.capped else None
             outcome, warning = outcome_of(opts.reward_from, done.code, last, reward_file)
             if outcome is not None:
                 ro.reward(outcome)
             return RunResult(ro.id, done.code, outcome, [warning] if warning else [], failed, metrics)
-        if failed:
-            return RunResult(ro.id, done.code, None, error=failed, metrics=metrics)
         # the harness's sandbox (and with it every process it left) is gone: the tests run in a new one
+        # on what it left, however it ended: a crash, a kill or a timeout is the policy's doing, scored
+        # (a failed rollout would let a policy escape a bad score); only the scorer's own fault is `failed`
         reward_cmd = opts.reward_cmd or (task.reward_cmd if task is not None else None)
-        if fresh:
-            assert task is not None
-            tests = score_rollout(task, ws, reward_cmd, opts.reward_mode, limits, mounts.hidden)
-        else:  # no pristine workspace to start from: the user's own folder, scored by the user's command
-            assert reward_cmd is not None
-            tests = score_in_place(ws, reward_cmd, opts.reward_mode, limits, mounts.hidden)
+        try:
+            if fresh:
+                assert task is not None
+                tests = score_rollout(task, ws, reward_cmd, opts.reward_mode, limits, mounts.hidden)
+            else:  # no pristine workspace to start from: the user's own folder, scored by the user's command
+                assert reward_cmd is not None
+                tests = score_in_place(ws, reward_cmd, opts.reward_mode, limits, mounts.hidden)
+        except Exception as exc:  # noqa: BLE001 - ScorerFault, or a fault of the scorer's own code
+            return RunResult(ro.id, done.code, None, error=safe_text(f"the scorer failed: {exc}", 300),
+                             metrics=metrics)
     finally:
         if fresh:
             shutil.rmtree(ws, ignore_errors=True)
-    meta = tests.metadata
-    metrics.update(reward_seconds=float(meta["seconds"]), tests_passed=float(meta.get("passed", 0)),
+    meta = safe_meta(tests.metadata)
+    meta["harness"] = {"exit_code": done.code, "timed_out": done.timed_out, "capped": done.capped}
+    metrics.update(reward_seconds=float(meta.get("seconds", 0.0)), tests_passed=float(meta.get("passed", 0)),
                    tests_total=float(meta.get("known") or meta.get("passed", 0) + meta.get("failed", 0)
                                      + meta.get("errors", 0)))
     ro.reward(tests.reward, "tests", metadata=meta)

@@ -25,7 +25,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from harnessrl.app.rollouts.harnesses import Runner
-from harnessrl.app.rollouts.jobs import Job, lost
+from harnessrl.app.rollouts.jobs import Job, lost, raised
 from harnessrl.client import default_key, remember_key
 from harnessrl.errors import UserError
 
@@ -81,7 +81,9 @@ class RayExecutor:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:  # the runner raised: as in the local executor
-            raise exc.cause if isinstance(exc.cause, UserError) else exc from None
+            if isinstance(exc.cause, UserError):
+                raise exc.cause from None
+            return raised(job, exc.cause if isinstance(exc.cause, BaseException) else exc)
         except ray.exceptions.RayError as exc:  # node or worker lost after all retries, or cancelled
             first = (str(exc).strip().splitlines() or [""])[0]
             return lost(job, f"ray: {type(exc).__name__}: {first}"[:300])

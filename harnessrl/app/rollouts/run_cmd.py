@@ -135,8 +135,12 @@ def run_in_rollout(client: HarnessRL, cmd: list[str] | str | Callable[[Rollout],
             if callable(interceptor):
                 interceptor = stack.enter_context(interceptor(ro))
             result = _run_and_score(ro, client.url, cmd, opts, interceptor, stdout, extra_env)
-    except BaseException:
-        ro.finish()
+    except BaseException as exc:
+        try:  # failed, with why: a rollout that ended without its outcome must not pass for a finished one
+            ro.finish(error=f"the rollout raised {type(exc).__name__}: {str(exc)[:200]}".encode(
+                "utf-8", "backslashreplace").decode())
+        except Exception:  # noqa: BLE001 - the proxy is gone too: `jobs.settle` fails it later
+            pass
         raise
     if result.error is not None and result.outcome is None:
         ro.finish(error=result.error)  # failed: no outcome to learn from (one with an outcome keeps it)

@@ -1,7 +1,8 @@
 """The launcher a limited rollout command runs under (inside bubblewrap, or alone with `--sandbox none`).
 
     python -I launch.py [--data BYTES] [--cpu SECONDS] [--fsize BYTES] [--nproc N]
-        [--relay PORT=SOCKET ...] [--seed DIR --workspace DIR --export-fd FD --scan DIR ...] -- ARGV...
+        [--relay PORT=SOCKET ...] [--seed DIR --workspace DIR --export-fd FD --scan DIR ... [--timeout S]]
+        -- ARGV...
 
 It sets the per-process limits (inherited by everything the command starts), listens on
 127.0.0.1:PORT for each relay and pipes every connection to the unix SOCKET that the host side
@@ -9,8 +10,11 @@ It sets the per-process limits (inherited by everything the command starts), lis
 network this is the only way out, and it leads to the proxy alone. With `--export-fd` (only ever
 given inside bubblewrap, where it is pid 2 of its own pid namespace) it first copies the read-only
 SEED into the size-capped WORKSPACE, and after ARGV ends kills every other process of the
-sandbox, then writes to FD a JSON line (the caps that were hit) and the workspace as
-a tar: the host keeps that, never a folder the agent could write. Standard library only: it is
+sandbox, then writes to FD a JSON line (the caps that were hit, whether it timed out) and the
+workspace as a tar: the host keeps that, never a folder the agent could write. `--timeout`: ARGV
+past it is killed with the rest of the sandbox and what it left is handed back all the same, so a
+harness that runs past its time is scored on its workspace (issue 54); the host's own timer is a
+backstop a little later. Standard library only: it is
 run by path with `-I`, not imported.
 """
 
@@ -114,6 +118,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workspace")
     parser.add_argument("--export-fd", type=int, default=-1)
     parser.add_argument("--scan", action="append", default=[])
+    parser.add_argument("--timeout", type=float, default=0.0)
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -153,7 +158,11 @@ def main(argv: list[str]) -> int:
         threading.Thread(target=_serve, args=(listener, path), daemon=True).start()
     # a SIGTERM for the launcher is meant for the command (the host stops a rollout this way)
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    code = proc.wait()
+    timed_out = False
+    try:
+        code = proc.wait(timeout=args.timeout if exporting and args.timeout > 0 else None)
+    except subprocess.TimeoutExpired:
+        timed_out, code = True, 124  # killed below, with everything else it started
     code = code if code >= 0 else 128 - code
     if exporting:
         hit = _caps_hit(args)
@@ -161,7 +170,7 @@ def main(argv: list[str]) -> int:
             os.kill(-1, signal.SIGKILL)  # all the sandbox's other processes: the tree handed back is final
         except ProcessLookupError:
             pass  # there were none
-        _export(args.export_fd, args.workspace, {"capped": hit})
+        _export(args.export_fd, args.workspace, {"capped": hit, "timed_out": timed_out})
     return code
 
 

@@ -46,6 +46,7 @@ LAUNCH = Path(__file__).with_name("launch.py")
 # holding only this rollout's (and the sandbox's HOME and TMPDIR), so no rollout sees another's
 ROOT = Path(tempfile.gettempdir()) / "harnessrl-rollouts"
 TIMED_OUT = 124  # the exit code of a command killed at its timeout, as timeout(1) reports it
+EXPORT_GRACE = 30.0  # seconds past the timeout the host waits for a launcher to hand its workspace back
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,8 @@ def argv_for(cmd: list[str] | str, limits: Limits, mounts: Mounts, host_relay: H
         args += ["--ro-bind", str(ws), str(seed), "--dir", str(ws)]
         launch += ["--seed", str(seed), "--workspace", str(ws), "--export-fd", str(export.write_fd),
                    "--scan", str(home), "--scan", str(tmp)]
+        if limits.timeout:  # the launcher keeps time, so that what a harness left at its timeout comes back
+            launch += ["--timeout", str(limits.timeout)]
     else:
         args += ["--bind", str(ws), str(ws)]
     if limits.procs and pids_base() is None:  # RLIMIT_NPROC: counted in bwrap's user namespace only
@@ -361,7 +364,9 @@ def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mount
         stopped.set()
         kill()
 
-    timer = threading.Timer(limits.timeout, kill) if limits.timeout else None
+    # with an export the launcher kills at the timeout and hands the workspace back: this is a backstop
+    backstop = EXPORT_GRACE if export is not None else 0.0
+    timer = threading.Timer(limits.timeout + backstop, kill) if limits.timeout else None
     if timer is not None:
         timer.daemon = True
         timer.start()
@@ -394,6 +399,6 @@ def run_limited(cmd: list[str] | str, env: dict[str, str], limits: Limits, mount
         hits.append("file-size")
     if stopped.is_set():
         return Finished(code, False, time.perf_counter() - started, stopped=True)
-    if fired.is_set():
+    if fired.is_set() or header.get("timed_out"):
         return Finished(TIMED_OUT, True, time.perf_counter() - started)
     return Finished(code, False, time.perf_counter() - started, hits[0] if hits else None)

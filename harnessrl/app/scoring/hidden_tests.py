@@ -29,17 +29,17 @@ import json
 import os
 import secrets
 import shutil
-import stat
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
-from harnessrl.app.sandbox.run import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.sandbox.run import ROOT, Finished, Limits
+from harnessrl.app.scoring import calls, hostile
 from harnessrl.app.scoring.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
+from harnessrl.app.scoring.sandboxed import ScorerFault, clean_env, read_back, run_sandboxed
 from harnessrl.app.scoring.workspace import OUTPUT_KEPT, CodingTask, TestOutcome, lay, score
 from harnessrl.errors import UserError
 
@@ -57,63 +57,44 @@ class TestRun:
     status: str  # signed | missing | forged | unreadable
 
 
-def _read_tail(f: IO[bytes], n: int) -> str:
-    size = f.seek(0, os.SEEK_END)
-    f.seek(max(0, size - n))
-    return f.read().decode(errors="replace")
+def _strs(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _env(home: Path, tmp: Path) -> dict[str, str]:
-    """The test run's whole environment: nothing of the rollout's (its key, its base URL) or the host's."""
-    return {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "HOME": str(home), "TMPDIR": str(tmp),
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-
-
-def _run(cmd: list[str] | str, clean: Path, env: dict[str, str], limits: Limits,
-         hidden: tuple[Path, ...]) -> tuple[Finished, str]:
-    """`cmd` in a fresh sandbox over the clean room (a relay with no endpoint: no way out). It
-    writes nothing of the host's but the clean room, which is under the disk cap like a workspace."""
-    mounts = Mounts(workspace=clean, hidden=hidden)
-    host_relay = HostRelay([]) if limits.sandbox == "bwrap" else None
-    try:
-        with tempfile.TemporaryFile(dir=ROOT) as out:  # host-side only: ROOT is a fresh tmpfs in a sandbox
-            done = run_limited(cmd, env, limits, mounts, host_relay, out)
-            out.flush()
-            return done, _read_tail(out, 64 * 1024)
-    finally:
-        if host_relay is not None:
-            host_relay.close()
+def _well_formed(report: Any) -> bool:
+    """Every field of the report the type `verdict` reads it as: a signed report is the runner's
+    only while the key stays secret, and the code under test shares the runner's process."""
+    if not isinstance(report, dict):
+        return False
+    outcomes, params, hooks = report.get("outcomes"), report.get("params", {}), report.get("hooks")
+    return (type(report.get("exitstatus")) is int and _strs(report.get("collected"))
+            and isinstance(outcomes, dict) and all(
+                isinstance(phases, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in phases.items())
+                for phases in outcomes.values())
+            and isinstance(params, dict) and all(isinstance(v, str) for v in params.values())
+            and (hooks is None or _strs(hooks)) and _strs(report.get("tampered", [])))
 
 
 def _read_report(io: Path, name: str, key: bytes) -> tuple[dict | None, str]:
-    try:  # no link followed: the folder and the file are the sandbox's to replace
-        folder = os.open(io, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
-        finally:
-            os.close(folder)
-    except OSError:
-        return None, "missing"
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "unreadable"
-        raw = f.read(REPORT_LIMIT + 1)
+    raw, status = read_back(io, name, REPORT_LIMIT)
+    if raw is None:
+        return None, status
     try:
-        doc = json.loads(raw)
+        doc = hostile.loads(raw, REPORT_LIMIT)
         payload, mac = doc["payload"], doc["mac"]
-        good = hmac.compare_digest(hmac.new(key, payload.encode(), hashlib.sha256).hexdigest(), mac)
-    except (ValueError, KeyError, TypeError, AttributeError):
+        if not (isinstance(payload, str) and isinstance(mac, str)):
+            return None, "unreadable"
+        good = hmac.compare_digest(hmac.new(key, payload.encode(), hashlib.sha256).hexdigest().encode(),
+                                   mac.encode("utf-8", "backslashreplace"))
+    except (hostile.HostileData, KeyError, TypeError, UnicodeError):
         return None, "unreadable"
     if not good:
         return None, "forged"
     try:
-        report = json.loads(payload)
-        if isinstance(report, dict) and isinstance(report.get("exitstatus"), int) and \
-                isinstance(report.get("outcomes"), dict) and isinstance(report.get("collected"), list):
-            return report, "signed"
-    except ValueError:
-        pass
-    return None, "unreadable"
+        report = hostile.loads(payload, REPORT_LIMIT)
+    except hostile.HostileData:
+        return None, "unreadable"
+    return (report, "signed") if _well_formed(report) else (None, "unreadable")
 
 
 def run_tests(clean: Path, limits: Limits, hidden: tuple[Path, ...], collect_only: bool = False) -> TestRun:
@@ -134,7 +115,7 @@ def run_tests(clean: Path, limits: Limits, hidden: tuple[Path, ...], collect_onl
         argv = [sys.executable, "-I", "-B", str(RUNNER), str(io), str(clean), "--", "-q", "-p", "no:cacheprovider",
                 "-c", str(ini), "--rootdir", str(clean), "--confcutdir", str(clean),
                 *(["--collect-only"] if collect_only else []), HIDDEN_DIR]
-        done, output = _run(argv, clean, _env(io / "home", io / "tmp"), limits, hidden)
+        done, output = run_sandboxed(argv, clean, clean_env(io / "home", io / "tmp"), limits, hidden)
         found, status = _read_report(io, report, key)
         return TestRun(done, output, found, status)
     finally:
@@ -197,30 +178,51 @@ def clean_room(task: CodingTask, agent_ws: Path | None, overlay: Any = None) -> 
     if overlay is not None:
         lay(overlay, clean)
     shutil.rmtree(clean / HIDDEN_DIR, ignore_errors=True)
-    if task.hidden_tests is not None:
+    if task.hidden_tests is not None and calls.calls_text(task.hidden_tests) is None:  # data tests stay the host's
         lay(task.hidden_tests, clean)
     return clean, left_out
 
 
+def _zero(task: CodingTask, mode: str, why: str) -> TestOutcome:
+    known = len(task.known_tests or ())
+    return TestOutcome(0.0, {"mode": mode, "zero": why, "passed": 0, "errors": 0, "failed": known, "known": known,
+                             "exit_code": -1, "timed_out": False, "seconds": 0.0, "output": ""})
+
+
 def score_rollout(task: CodingTask, agent_ws: Path, reward_cmd: str | None, mode: str, limits: Limits,
                   hidden: tuple[Path, ...]) -> TestOutcome:
-    """The reward of the agent's workspace: the known tests by the runner, or `reward_cmd`'s output."""
+    """The reward of the agent's workspace: the known tests by the runner, or `reward_cmd`'s output.
+    Total: whatever the agent left makes a score (an exception while handling its files, its report
+    or its output is its 0, the reason in `zero`); only `ScorerFault` leaves, for the rollout's `failed`."""
     try:
         clean, left_out = clean_room(task, agent_ws)
     except SurfaceError as exc:  # the policy made a surface too big to take: its failure
-        return TestOutcome(0.0, {"mode": mode, "zero": str(exc), "passed": 0, "errors": 0, "failed": len(
-            task.known_tests or ()), "known": len(task.known_tests or ()), "exit_code": -1, "timed_out": False,
-            "seconds": 0.0, "output": ""})
+        return _zero(task, mode, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the agent's files, whatever they are, are its score
+        return _zero(task, mode, hostile.safe_text(f"the agent's files could not be taken: {type(exc).__name__}: "
+                                                   f"{exc}", 300))
     try:
         if reward_cmd is not None:
             outcome = score_in_place(clean, reward_cmd, mode, limits, hidden)
         else:
             assert task.known_tests, "the task's known tests are collected when it is loaded"
-            outcome = verdict(task, run_tests(clean, limits, hidden), mode)
+            cases = calls.read_cases(task.hidden_tests, "the task")
+            run = run_tests(clean, limits, hidden) if cases is None else calls.run_calls(clean, cases, limits, hidden)
+            try:
+                outcome = verdict(task, run, mode) if cases is None else calls.calls_verdict(cases, run, mode)
+            except Exception as exc:  # noqa: BLE001 - a report the checks missed is still the agent's
+                outcome = _zero(task, mode, hostile.safe_text(f"the test run's report could not be read: "
+                                                              f"{type(exc).__name__}: {exc}", 300))
+    except ScorerFault:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. an output or a tree the host could not handle
+        outcome = _zero(task, mode, hostile.safe_text(f"the agent's work could not be scored: {type(exc).__name__}: "
+                                                      f"{exc}", 300))
     finally:
         shutil.rmtree(clean, ignore_errors=True)
     if left_out:
-        outcome.metadata["left_out"] = left_out[:20]
+        outcome.metadata["left_out"] = [hostile.safe_text(line, 300) for line in left_out[:20]]
+    outcome.metadata = hostile.safe_meta(outcome.metadata)
     return outcome
 
 
@@ -230,7 +232,7 @@ def score_in_place(ws: Path, reward_cmd: str, mode: str, limits: Limits, hidden:
     try:
         for private in ("home", "tmp"):
             (io / private).mkdir()
-        done, output = _run(reward_cmd, ws, host_env(io / "home", io / "tmp"), limits, hidden)
+        done, output = run_sandboxed(reward_cmd, ws, host_env(io / "home", io / "tmp"), limits, hidden)
     finally:
         shutil.rmtree(io, ignore_errors=True)
     outcome = score(output, done, mode)
@@ -270,7 +272,11 @@ Known = tuple[tuple[str, ...], tuple[str, str | None]]
 
 def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) -> Known:
     """The node ids of the task's hidden tests, all passing on its reference (collected only without
-    one), and the fingerprint of that run (`fingerprint`)."""
+    one), and the fingerprint of that run (`fingerprint`). Data tests (calls.py): their case ids,
+    checked on the reference."""
+    cases = calls.read_cases(task.hidden_tests, where)
+    if cases is not None:
+        return calls.known_cases(task, cases, reference, where, clean_room, LOAD_LIMITS), ("calls", None)
     key = hashlib.sha256(b"\0".join([_tree_bytes(task.workspace), _tree_bytes(task.hidden_tests),
                                      _tree_bytes(reference), RUNNER.read_bytes(), sys.version.encode(),
                                      version("pytest").encode()])).hexdigest()
