@@ -105,6 +105,23 @@ def test_bfcl_s_checker_is_imported_with_stand_ins_that_nothing_else_sees():
         assert "harnessrl stand-in" not in (getattr(sys.modules.get(name), "__doc__", "") or "")
 
 
+@pytest.mark.unit
+def test_the_example_s_command_writes_the_chosen_tasks(tmp_path):
+    from typer.testing import CliRunner
+
+    from harnessrl.harness_examples.bfcl_single.__main__ import app
+
+    out = tmp_path / "t.jsonl"
+    for flags, held in ((["--categories", "parallel,live_simple"], False), (["--held-out"], True)):
+        r = CliRunner().invoke(app, [*flags, "--n-tasks", "4", "--export-tasks", str(out)])
+        assert r.exit_code == 0, r.output
+        ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+        assert len(ids) == 4 and all(data.is_held_out(i) == held for i in ids)
+    assert {i.split("_")[0] for i in ids} == {"simple", "multiple", "parallel"}  # categories in turn
+    r = CliRunner().invoke(app, ["--n-tasks", "2"])
+    assert r.exit_code != 0 and "--proxy URL is required" in str(r.exception or r.output)
+
+
 # One real entry per category: BFCL's verdict on a right answer and on a wrong one.
 WRONG = {
     "simple_python_0": ([{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 6}}],
