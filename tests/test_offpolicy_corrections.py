@@ -25,12 +25,12 @@ S = [-2.4, -2.2, -1.0]
 R = [math.exp(0.2), math.e, math.exp(-0.3)]
 
 
-def two_samples(root, model_dir):
+def two_samples(root, model_dir, other_behaviour=(-1.0, -0.4, -2.1)):
     """Row 0 the worked sample (Σd = 0.9, r_seq = e^0.9 = 2.459603); row 1 the same tokens with
-    logp_behaviour = (−1.0, −0.4, −2.1): d = (0, −0.1, 0.1), Σd = 0, r_seq = 1."""
+    logp_behaviour = (−1.0, −0.4, −2.1) by default: d = (0, −0.1, 0.1), Σd = 0, r_seq = 1."""
     _, row = one_sample(root / "one", model_dir, BEHAVIOUR)
     n = row["prompt_len"]
-    other = dict(row, sample_id="r1/agent:solo/c2", rollout_id="r1", behaviour_logprob=[None] * n + [-1.0, -0.4, -2.1])
+    other = dict(row, sample_id="r1/agent:solo/c2", rollout_id="r1", behaviour_logprob=[None] * n + list(other_behaviour))
     return write_samples(root / "two", [row, other])
 
 
@@ -167,11 +167,11 @@ def test_mismatch_at_staleness_zero_on_the_real_model(tmp_path, tiny_model_dir):
 
 @pytest.mark.unit
 def test_mismatch_metrics_do_not_depend_on_the_split(tmp_path, tiny_model_dir):
-    # Rows 0 and 1 of two_samples in one micro-batch or in two: k3 per token row 0 (0.021403, 0.718282,
-    # 0.040818), row 1 d = (0, −0.1, 0.1) → (0, 0.004837, 0.005171); mean over the 6 tokens
-    # 0.790511/6 = 0.131752 either way (the mean of the rows' means would also be 0.131752 here, as the
-    # rows are of equal length, so the out-of-band share checks the sums: 1 of 6 tokens either way).
-    d = two_samples(tmp_path, tiny_model_dir)
+    # Row 0 the worked sample, row 1 with logp_behaviour = (−1.0, unknown, −2.1): d = (0, ·, 0.1), so
+    # row 1 counts 2 tokens. k3 per token: row 0 (0.021403, 0.718282, 0.040818), row 1 (0, 0.005171).
+    # One micro-batch or two: Σ/Σ = 0.785674/5 = 0.157135, out of [0, 2] 1/5 — where the mean of the
+    # two micro-batches' means would be (0.260168 + 0.002585)/2 = 0.131377 and (1/3 + 0)/2 = 1/6.
+    d = two_samples(tmp_path, tiny_model_dir, (-1.0, None, -2.1))
     tr = make_trainer(HarnessTrainer, tiny_model_dir, d)
     whole = tr.fixed_batch()
     old = torch.tensor([OLD, OLD])
@@ -183,8 +183,8 @@ def test_mismatch_metrics_do_not_depend_on_the_split(tmp_path, tiny_model_dir):
     split = logged(tr)
     for name in ("mismatch/kl", "mismatch/out_of_band_frac"):
         assert one[name] == pytest.approx(split[name], rel=1e-6)
-    assert one["mismatch/kl"] == pytest.approx(0.790511 / 6, rel=1e-4)
-    assert one["mismatch/out_of_band_frac"] == pytest.approx(1 / 6)
+    assert one["mismatch/kl"] == pytest.approx(0.157135, rel=1e-4)
+    assert one["mismatch/out_of_band_frac"] == pytest.approx(1 / 5)
 
 
 @pytest.mark.unit
