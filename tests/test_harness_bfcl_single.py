@@ -181,7 +181,7 @@ def _bench():
     return module
 
 
-def test_a_rollout_through_the_proxy_reports_bfcl_s_verdict(rollout):
+def test_a_rollout_through_the_proxy_reports_bfcl_s_verdict(rollout, tiny_model_dir):
     from sqlalchemy import select
 
     from harnessrl.db import open_db
@@ -195,6 +195,13 @@ def test_a_rollout_through_the_proxy_reports_bfcl_s_verdict(rollout):
     assert result.error is None and len(calls) == 1
     assert calls[0].request["messages"] == task.messages
     assert calls[0].request["tools"] == data.openai_tools(task)
+    # and the tools reached the model: the recorded prompt holds them (never dropped silently)
+    from transformers import AutoTokenizer
+
+    from harnessrl.records import unpack_ids
+
+    prompt = AutoTokenizer.from_pretrained(tiny_model_dir).decode(unpack_ids(calls[0].prompt_ids))
+    assert all(t["function"]["name"] in prompt for t in data.openai_tools(task))
     assert [r.value for r in rewards if r.kind == "outcome"] == [result.outcome]
     # the recorded reply, scored again by BFCL's checker, gives the same verdict
     tool_calls = calls[0].response["choices"][0]["message"].get("tool_calls") or []
