@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,9 +81,17 @@ def _standing_in(names: list[str]) -> Iterator[list[str]]:
             sys.modules.pop(name, None)
 
 
-@cache
+_IMPORTING = threading.Lock()  # rollout threads may ask at once; the stand-ins are process-wide
+
+
 def bfcl() -> types.SimpleNamespace:
     """BFCL's functions harnessrl uses, and which stand-ins their import needed."""
+    with _IMPORTING:
+        return _bfcl()
+
+
+@cache
+def _bfcl() -> types.SimpleNamespace:
     try:
         import bfcl_eval  # noqa: F401
     except ModuleNotFoundError:
