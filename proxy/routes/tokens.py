@@ -19,6 +19,7 @@ from harnessrl.proxy.errors import BackendRejected, ProxyError, bad_request
 from harnessrl.proxy.prefix.prompts import Prompter, Turn
 from harnessrl.proxy.protocol import Delta, Prompt, Request, Result, usage
 from harnessrl.proxy.routes.hermes_tools import parse_hermes, streamable_prefix
+from harnessrl.tool_rendering import dropped_tools_message, template_renders_tools
 
 
 PROMPT_THREADS = min(4, os.cpu_count() or 1)  # prompts rendered and tokenized at once
@@ -48,6 +49,7 @@ class TokenRoute:
             getattr(backend, "eos_token_ids", None) or [self.tok.eos_token_id])
         self.model_path: str | None = getattr(backend, "model_path", None)
         self._developer_as_system = developer_as_system(self.tok.chat_template)
+        self._renders_tools = template_renders_tools(self.tok)  # asked once: the template never changes
         # the local backend enforces response_format / tool_choice itself; an upstream is sent them
         self._local = hasattr(backend, "vocab_size")
         self._constrainer: Constrainer | None = None
@@ -77,6 +79,8 @@ class TokenRoute:
                                   param="prompt", code="invalid_value")
             return Prompt("raw", ids=ids)
         check_text_only(req.messages, self.model_name)
+        if req.tools and not self._renders_tools:  # a prompt without them would be recorded as if asked
+            raise bad_request(dropped_tools_message(self.model_name), param="tools", code="tools_not_rendered")
         self._grammar(req.body)  # a field it cannot enforce is a 400 before the model runs
         messages = map_developer(req.messages) if self._developer_as_system else req.messages
         try:

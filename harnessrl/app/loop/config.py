@@ -52,7 +52,8 @@ class LoopConfig:
     tasks: Path | None = option(None, panel=HARNESS, help="Task file of the harness (default: generated tasks).")
     corpus: Path | None = option(  # search harnesses: a real corpus JSONL beside a real QA --tasks file
         None, panel=HARNESS, help="Search harnesses: corpus JSONL for a real --tasks QA file.")
-    n_tasks: int = option(8, panel=HARNESS, help="Tasks to use (generated or first of --tasks).")
+    n_tasks: int | None = option(None, panel=HARNESS, help="Tasks to use, generated or the first of --tasks "
+                                 "(default 8; the toolbox families: their 64 + 64, or all of --tasks).")
     eval_fraction: float = option(0.25, panel=HARNESS, help="Fraction of the tasks held out for evaluation.")
     process: str | None = option(  # compile's process rewards; default: the --algo's paper's (harnessrl/algorithms.py)
         None, panel=TRAINING, help="Process rewards compiled beside the outcome, comma-separated: tool_format, "

@@ -62,7 +62,7 @@ def cmd_harness(template: str, src: TaskSource, reward_from: str | None, interce
     if src.tasks is None:
         raise UserError("--cmd: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
     flags = flags or RolloutFlags()
-    rows = read_tasks(src.tasks)[: src.n_tasks]
+    rows = read_tasks(src.tasks)[: src.count]
     coding = coding_tasks(rows, src.tasks, flags)
     limits = limits_for(flags, list(coding.values()), reward_from)
     train, held = split_tasks(rows, src.eval_fraction)
