@@ -48,7 +48,7 @@ def test_example_harness_loads_its_tasks(tmp_path):
     assert (len(h.train), len(h.eval)) == (6, 2)  # 8 tasks, a quarter held out
     assert h.tasks_file.is_file() and len(h.tasks_file.read_text().splitlines()) == 8
     assert set(HARNESSES) == {"lookup", "toolbox", "toolbox_delegate", "multihop", "noisy_delegate", "noisy_single",
-                              "toolbox_sparse", "toolbox_slow", "react", "planner_worker", "langgraph", "bfcl",
+                              "toolbox_sparse", "toolbox_slow", "react", "planner_worker", "langgraph", "bfcl", "assistant",
                               "bfcl_single"}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from harnessrl.errors import UserError
 from harnessrl.plugins import load_function
 
+DEFAULT_N_TASKS = 8
 # (proxy url, task, group id, run tag, temperature) → harness_examples.chat.RolloutResult
 Runner = Callable[[str, Any, str, str, float], Any]
 
@@ -28,9 +29,13 @@ class TaskSource:
     tasks: Path | None  # the harness's task file; None: generated tasks where the harness has them
     corpus: Path | None  # search harnesses: a real corpus JSONL beside a real QA tasks file
     out: Path  # where a generated tasks file is written
-    n_tasks: int
+    n_tasks: int | None  # None: the harness's own count (DEFAULT_N_TASKS, or a family's by construction)
     eval_fraction: float
     seed: int
+
+    @property
+    def count(self) -> int:
+        return DEFAULT_N_TASKS if self.n_tasks is None else self.n_tasks
 
 
 @dataclass
@@ -56,11 +61,25 @@ def split_tasks(tasks: list[Any], eval_fraction: float) -> tuple[list[Any], list
     return tasks[: len(tasks) - n_eval], tasks[len(tasks) - n_eval:]
 
 
+def first_tasks(train: list[Any], held: list[Any], src: TaskSource) -> tuple[list[Any], list[Any]]:
+    """A family split by construction cut to `--n-tasks` tasks in all, `--eval-fraction` of them
+    held out (each side its first ones): the option is honoured, never ignored."""
+    if src.n_tasks is None:
+        return train, held
+    if src.n_tasks < 2:
+        raise UserError(f"--n-tasks {src.n_tasks}: this harness needs at least 2 (one to train, one held out)")
+    n_eval = min(max(1, round(src.n_tasks * src.eval_fraction)), src.n_tasks - 1)
+    if src.n_tasks - n_eval > len(train) or n_eval > len(held):
+        raise UserError(f"--n-tasks {src.n_tasks} with --eval-fraction {src.eval_fraction}: this harness has "
+                        f"{len(train)} training and {len(held)} held-out tasks")
+    return train[: src.n_tasks - n_eval], held[:n_eval]
+
+
 def _lookup(src: TaskSource) -> HarnessTasks:
     from harnessrl.harness_examples.lookup import harness as lookup
     from harnessrl.harness_examples.lookup import tasks as lookup_tasks
 
-    all_tasks = lookup_tasks.read(src.tasks) if src.tasks else lookup_tasks.generate(src.n_tasks, src.seed)
+    all_tasks = lookup_tasks.read(src.tasks)[: src.n_tasks] if src.tasks else lookup_tasks.generate(src.count, src.seed)
     table = {t.key: t.value for t in all_tasks}
     train, held = split_tasks(all_tasks, src.eval_fraction)
 
@@ -72,18 +91,18 @@ def _lookup(src: TaskSource) -> HarnessTasks:
 
 
 def _toolbox(delegate: bool) -> Callable[[TaskSource], HarnessTasks]:
-    """64 training and 64 held-out toolbox tasks of the seed's world (`--eval-fraction` and
-    `--n-tasks` do not apply: the split is by construction; `--tasks` reads a written file).
+    """64 training and 64 held-out toolbox tasks of the seed's world (split by construction;
+    `--n-tasks` takes the first of each side, `--tasks` reads a written file).
     Training rounds draw a fresh world per round (`tasks.training_world`)."""
     def load(src: TaskSource) -> HarnessTasks:
         from harnessrl.harness_examples.toolbox import harness as toolbox
         from harnessrl.harness_examples.toolbox import tasks as toolbox_tasks
 
         if src.tasks:
-            all_tasks = toolbox_tasks.read(src.tasks)
+            all_tasks = toolbox_tasks.read(src.tasks)[: src.n_tasks]
             train, held = split_tasks(all_tasks, src.eval_fraction)
         else:
-            train, held = toolbox_tasks.generate(src.seed, delegate)
+            train, held = first_tasks(*toolbox_tasks.generate(src.seed, delegate), src)
         held_out = toolbox_tasks.world(src.seed)
         eval_ids = {t.id for t in held}
 
@@ -97,6 +116,23 @@ def _toolbox(delegate: bool) -> Callable[[TaskSource], HarnessTasks]:
         return HarnessTasks(train, held, run, lambda t: t.id, toolbox_tasks.write(train + held, src.out / "tasks.jsonl"))
 
     return load
+
+
+def _assistant(src: TaskSource) -> HarnessTasks:
+    """72 training and 36 held-out everyday-assistant tasks (split by construction, as the toolbox's)."""
+    from harnessrl.harness_examples.assistant import harness as assistant
+    from harnessrl.harness_examples.assistant import tasks as assistant_tasks
+
+    if src.tasks:
+        train, held = split_tasks(assistant_tasks.read(src.tasks)[: src.n_tasks], src.eval_fraction)
+    else:
+        train, held = first_tasks(*assistant_tasks.generate(src.seed), src)
+
+    def run(url, task, group_id, run_tag, temperature):
+        return assistant.run_rollout(url, task, assistant.AssistantConfig(temperature=temperature),
+                                     group_id=group_id, run=run_tag)
+
+    return HarnessTasks(train, held, run, lambda t: t.id, assistant_tasks.write(train + held, src.out / "tasks.jsonl"))
 
 
 def _family(name: str) -> Callable[[TaskSource], HarnessTasks]:
@@ -121,9 +157,9 @@ def _family(name: str) -> Callable[[TaskSource], HarnessTasks]:
                 url, table, task, toolbox.ToolboxConfig(temperature=t), **kw), toolbox_tasks),
             "toolbox_slow": (slow, slow.generate, slow.run_rollout, toolbox_tasks)}[name]
         if src.tasks:
-            train, held = split_tasks(module.read(src.tasks), src.eval_fraction)
+            train, held = split_tasks(module.read(src.tasks)[: src.n_tasks], src.eval_fraction)
         else:
-            train, held = generate(src.seed)
+            train, held = first_tasks(*generate(src.seed), src)
         held_out, eval_ids = worlds.world(src.seed), {t.id for t in held}
 
         def run(url, task, group_id, run_tag, temperature):
@@ -148,7 +184,7 @@ def _search(name: str) -> Callable[[TaskSource], HarnessTasks]:
                               "planner_worker": (planner_worker, planner_worker.PlannerWorkerConfig),
                               "langgraph": (langgraph, langgraph.LangGraphConfig)}[name]
         taskset = load_search_tasks(src.corpus, src.tasks, seed=src.seed)
-        all_tasks = taskset.tasks[: src.n_tasks]
+        all_tasks = taskset.tasks[: src.count]
         train, held = split_tasks(all_tasks, src.eval_fraction)
         file = src.out / "tasks.jsonl"
         export_tasks(all_tasks, file)
@@ -167,7 +203,7 @@ def _bfcl(src: TaskSource) -> HarnessTasks:
     from harnessrl.harness_examples.bfcl_multiturn import harness as bfcl
 
     ids = [line.strip() for line in src.tasks.read_text().splitlines() if line.strip()] if src.tasks else None
-    all_tasks = bfcl_data.load_tasks(ids=ids, limit=None if ids else src.n_tasks)
+    all_tasks = bfcl_data.load_tasks(ids=ids, limit=None if ids else src.count)
     train, held = split_tasks(all_tasks, src.eval_fraction)
 
     def run(url, task, group_id, run_tag, temperature):
@@ -184,8 +220,7 @@ def _bfcl_single(src: TaskSource) -> HarnessTasks:
     from harnessrl.harness_examples.bfcl_single import harness as bfcl_single
 
     pool = bfcl_data.read_selection(src.tasks) if src.tasks else bfcl_data.load_tasks()
-    # n_tasks None (the loop's option left out): the loop's usual 8, not the 2,311 entries
-    train, held = bfcl_data.choose(pool, 8 if src.n_tasks is None else src.n_tasks, src.eval_fraction, src.seed)
+    train, held = bfcl_data.choose(pool, src.count, src.eval_fraction, src.seed)
 
     def run(url, task, group_id, run_tag, temperature):
         return bfcl_single.run_rollout(url, task, bfcl_single.BfclSingleConfig(temperature=temperature),
@@ -198,6 +233,8 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (
     Harness("lookup", "look a key up with a tool, answer its value (the demo's task family)", _lookup),
     Harness("toolbox", "pick one of four attribute tools and fill its argument (the learning benchmark)",
             _toolbox(False)),
+    Harness("assistant", "everyday questions in plain English: one of nine tools over cities, products and "
+            "people, and its argument (for a real instruct model)", _assistant),
     Harness("toolbox_delegate", "toolbox behind a planner that must ask a worker (MATPO-style)", _toolbox(True)),
     Harness("multihop", "two hops, relation tool then attribute tool on its result (the CAPO family)",
             _family("multihop")),
@@ -233,7 +270,7 @@ def user_harness(spec: str, src: TaskSource) -> HarnessTasks:
     fn = load_function(spec, "--harness")
     if src.tasks is None:
         raise UserError(f"--harness {spec}: give the tasks with --tasks FILE (JSONL: id, input, reference, ...)")
-    rows = read_tasks(src.tasks)[: src.n_tasks]
+    rows = read_tasks(src.tasks)[: src.count]
     train, held = split_tasks(rows, src.eval_fraction)
 
     def run(url: str, task: TaskRow, group_id: str, run_tag: str, temperature: float) -> RolloutResult:
