@@ -216,6 +216,8 @@ class Compiler:
                 w.stats["dropped_call_error"] += 1
             else:
                 w.stats["skipped_no_outcome"] += 1
+            if w.scorer_finished and not w.has_outcome:
+                w.stats["scorer_no_outcome"] += 1
             s = w.stats
             if s["samples"] and w.task_id:
                 out.tasks_with_samples.add(w.task_id)

@@ -65,6 +65,9 @@ class RolloutWork:
     edges: dict[str, str] = field(default_factory=dict)  # session key → parent call id
     stats: Counter = field(default_factory=Counter)
     errors: int = 0  # calls the harness was answered with an error while the rollout ran (`Rollout.errors`)
+    # finished with its outcome the scorer's to report (`outcome_by: scorer`: tests, --reward-from): one
+    # without an outcome is a scorer fault, not the policy's doing, and compile says so (issue 54)
+    scorer_finished: bool = False
 
 
 def parse_since(value: str) -> float:
@@ -180,10 +183,13 @@ class Reader:
                 Call.finish_reason)
         q = select(*cols).where(Call.rollout_id.in_(list(works))).order_by(Call.rollout_id, Call.seq)
         with self.engine.connect() as conn:
-            for rid, errors in conn.execute(select(Rollout.id, Rollout.errors).where(Rollout.id.in_(list(works)),
-                                                                                 Rollout.errors > 0)):
-                works[rid].errors = errors
-                works[rid].stats["call_errors"] = errors
+            for rid, errors, meta, status in conn.execute(
+                    select(Rollout.id, Rollout.errors, Rollout.meta, Rollout.status).where(Rollout.id.in_(list(works)))):
+                if errors:
+                    works[rid].errors = errors
+                    works[rid].stats["call_errors"] = errors
+                works[rid].scorer_finished = status == "finished" and isinstance(meta, dict) and \
+                    meta.get("outcome_by") == "scorer"
             for r in conn.execute(q):
                 w = works[r.rollout_id]
                 if r.endpoint == "embeddings":  # recorded for the trace, never a sample

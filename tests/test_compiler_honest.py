@@ -235,3 +235,24 @@ def test_unknown_estimator_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="unknown advantage estimator 'ppo': use grpo, harness, matpo, matchtir"):
         Compiler(str(db), CompileOptions(advantage="ppo"))
 
+
+
+def test_a_scorer_scored_rollout_without_an_outcome_is_reported_as_an_error(tmp_path, tiny_model_dir, tok):
+    """Issue 54: a rollout whose outcome is harnessrl's scorer's (hidden tests, --reward-from) always
+    gets one, whatever its harness did; finished without one, it is the scorer's fault, and compile
+    says so, never skipping it in silence. A harness's own rollout without one stays a plain note."""
+    from harnessrl.records import Rollout
+
+    db = str(tmp_path / "runs.db")
+    rec = Recorder(db, tok)
+    solo(rec, "a", 1.0)
+    solo(rec, "b", 0.0)
+    solo(rec, "c", None)
+    solo(rec, "d", None)
+    with rec.make.begin() as s:
+        s.get(Rollout, "d").meta = {"outcome_by": "scorer"}
+    stats, samples = compile_(db, tmp_path / "out", tiny_model_dir)
+    assert stats["totals"]["scorer_no_outcome"] == 1 and stats["rollouts"]["d"]["scorer_no_outcome"] == 1
+    assert stats["totals"]["skipped_no_outcome"] == 2 and "d/agent:solo/d-c" not in samples
+    [error, *_] = summary_notes(stats)
+    assert error.startswith("error: 1 rollouts that harnessrl's scorer scores") and "(d)" in error and "left out" in error

@@ -116,6 +116,11 @@ for fd in os.listdir("/proc/self/fd"):
         pass
 os._exit(1)
 ''')
+if mode == "half":  # the loop's case: every other task's rollouts attack, in every way at once
+    if sys.argv[4] == "1":  # the job's temperature picks the attackers
+        os.close(os.open(pkg.encode() + b"/\xff.py", os.O_CREAT | os.O_WRONLY))
+        open(pkg + "/__init__.py", "w").write("import os\nos.write(1, b'x' * (8 << 20))\nos._exit(3)\n")
+        os.kill(os.getpid(), signal.SIGKILL)
 if mode == "fix-crash":
     sys.exit(3)
 if mode == "fix-sleep":
@@ -196,3 +201,38 @@ def test_a_harness_that_kills_its_whole_sandbox_scores_what_doing_nothing_scores
 def test_without_a_sandbox_a_timeout_is_scored_on_what_it_left(live):
     result, ro = _rollout(live, "fix-sleep", 4, sandbox="none")
     assert result.error is None and result.outcome == 1.0 and ro["status"] == "finished", result
+
+
+@BWRAP
+def test_a_batch_with_half_its_rollouts_attacking_runs_to_its_end_all_scored(live, tmp_path):
+    """What `harnessrl loop` runs each step: the executor's batch, half of its rollouts attacking
+    (an undecodable name, output past the cap, an exit at import, a harness that kills itself; the
+    job's temperature picks them). Every rollout is scored; none fails, none raises."""
+    row = live["pytest"]["row"]
+    src = TaskSource(live["pytest"]["files"]["all"], None, tmp_path / "out", 8, 0.0, 0)
+    fix = json.dumps(row.reference).replace("'", "'\\''")
+    h = cmd_harness(f"{sys.executable} {live['root'] / 'agent.py'} half {{task}} '{fix}' {{temperature}}", src, None,
+                    False, RolloutFlags(sandbox="bwrap", timeout=120))
+    jobs = [Job(row, row.id, "g-half", "run-half", temperature) for temperature in (1.0, 0.5, 1.0, 0.5)]
+    results = run_batch(LocalExecutor(2, 300), h.run, live["url"], jobs, "half")
+    assert all(r.error is None and r.outcome is not None for r in results), results
+    nothing, _ = _rollout(live, "nothing", hidden="pytest")
+    assert [r.outcome for r in results] == [0.0, nothing.outcome, 0.0, nothing.outcome], results
+
+
+@pytest.mark.ray
+def test_under_ray_a_runner_that_raises_is_a_failed_rollout_and_the_batch_goes_on():
+    from harnessrl.app.rollouts.ray_rollouts import RayExecutor
+
+    def _raising_runner(url, task, group_id, run_tag, temperature):  # nested: Ray ships it by value
+        if task % 2:
+            raise ValueError("a rollout's own fault")
+        return task * 10
+
+    ex = RayExecutor(None, 2, 120)
+    try:
+        results = run_batch(ex, _raising_runner, "http://x", [Job(i, str(i), "g", "r", 1.0) for i in range(4)], "t")
+    finally:
+        ex.close()
+    assert results[0] == 0 and results[2] == 20
+    assert all(r.rollout_id == "" and r.error.startswith("the rollout raised ValueError") for r in results[1::2])

@@ -30,6 +30,7 @@ from typing import IO
 
 from harnessrl.app.rollouts.command import RunOptions, RunResult, outcome_of, reward_file_of
 from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
+from harnessrl.app.scoring import canaries
 from harnessrl.app.scoring.clean_room import solution_surface
 from harnessrl.app.scoring.hostile import safe_meta, safe_text
 from harnessrl.app.scoring.hidden_tests import known_for_all, reference_tree, score_in_place, score_rollout
@@ -81,7 +82,11 @@ def coding_tasks(rows: list[TaskRow], tasks_file: Path, flags: RolloutFlags) -> 
             and t.reward_cmd is None and flags.reward_cmd is None]
     jobs = [(tasks[row.id], reference_tree(row.reference, f"task {row.id}"), f"task {row.id}") for row in todo]
     for row, (known, prints) in zip(todo, known_for_all(jobs)):
-        tasks[row.id] = replace(tasks[row.id], known_tests=known, fingerprint=prints)
+        task = replace(tasks[row.id], known_tests=known, fingerprint=prints)
+        if prints[0] != "calls":  # pytest files: canaries beside them, drawn afresh for this process
+            files, ids = canaries.make(task.hidden_tests)
+            task = replace(task, canaries=tuple(files.items()), canary_ids=ids)
+        tasks[row.id] = task
     return tasks
 
 
@@ -206,7 +211,8 @@ def run_limited_rollout(ro: Rollout, cmd, opts: RunOptions, env: dict[str, str],
                    tests_total=float(meta.get("known") or meta.get("passed", 0) + meta.get("failed", 0)
                                      + meta.get("errors", 0)))
     ro.reward(tests.reward, "tests", metadata=meta)
-    all_pass = meta.get("failed", 0) + meta.get("errors", 0) == 0 and meta["exit_code"] == 0 and not meta["timed_out"]
+    # not the test run's exit code: canaries (pytest mode) fail by design, and the data tests' child has its own
+    all_pass = meta.get("failed", 0) + meta.get("errors", 0) == 0 and not meta["timed_out"] and "zero" not in meta
     metrics["success"] = 1.0 if all_pass and tests.reward > 0 else 0.0
     refused = int(ro.get().get("errors") or 0)
     error = f"{refused} call{'s' if refused != 1 else ''} refused by the proxy" if refused else None

@@ -17,6 +17,13 @@ test cannot write (docs/coding.md, "What the reward trusts").
   pytest's own 0/1 or differs from the report's, or a test the task does not have scores 0 —
   the policy's zero, never a failed rollout. Skipped, deselected or uncollected tests are failed.
 
+- **Canaries.** Beside the hidden test files, a canary file drawn when the task was loaded
+  (canaries.py): its tests must fail, and a run in which one did not was tampered with: 0.
+- **Data tests.** A task whose hidden tests are `hidden_tests/calls.json` is scored by calls.py
+  instead: no pytest, no report, no key in the agent's reach.
+- **Total.** Whatever the agent left makes a score; only the scorer's own fault (`ScorerFault`)
+  leaves `score_rollout`.
+
 A task's own `reward_cmd` (or `--reward-cmd`) runs in the same clean room and fresh sandbox, but
 its reward is read from its output as before (workspace.score): that command is the user's to trust.
 """
@@ -37,7 +44,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harnessrl.app.sandbox.run import ROOT, Finished, Limits
-from harnessrl.app.scoring import calls, hostile
+from harnessrl.app.scoring import calls, canaries, hostile
 from harnessrl.app.scoring.clean_room import HIDDEN_DIR, SurfaceError, fresh_dir, take_surface
 from harnessrl.app.scoring.sandboxed import ScorerFault, clean_env, read_back, run_sandboxed
 from harnessrl.app.scoring.workspace import OUTPUT_KEPT, CodingTask, TestOutcome, lay, score
@@ -154,24 +161,27 @@ def verdict(task: CodingTask, run: TestRun, mode: str) -> TestOutcome:
         why = f"no signed report from the test run ({run.status})"
     elif done.code not in (0, 1) or report["exitstatus"] != done.code:
         why = f"the test run did not end as pytest does (exit code {done.code}, pytest's {report['exitstatus']})"
-    elif extra := sorted((set(report["collected"]) | set(outcomes)) - set(known)):
+    elif extra := sorted((set(report["collected"]) | set(outcomes)) - set(known) - set(task.canary_ids)):
         why = f"tests the task does not have ran: {', '.join(extra[:3])}"
     elif report.get("tampered"):
         why = str(report["tampered"][0])
+    elif (canary := canaries.check(task.canary_ids, outcomes)) is not None:
+        why = canary
     elif (mine := fingerprint(report, known, task.fingerprint[1] is not None)) != task.fingerprint:
         why = ("the tests ran with other parameters than the task's" if mine[0] != task.fingerprint[0] else
                "pytest's hooks differ from the task's own run (a plugin was added)")
     if why is not None:
         meta.update(passed=0, failed=len(known) - errors, zero=why)
         return TestOutcome(0.0, meta)
-    if mode == "all-pass":
-        return TestOutcome(1.0 if passed == len(known) and done.code == 0 else 0.0, meta)
+    if mode == "all-pass":  # with canaries (which fail by design) pytest's own exit is 1
+        return TestOutcome(1.0 if passed == len(known) and (done.code == 0 or task.canary_ids) else 0.0, meta)
     return TestOutcome(passed / len(known), meta)
 
 
-def clean_room(task: CodingTask, agent_ws: Path | None, overlay: Any = None) -> tuple[Path, list[str]]:
+def clean_room(task: CodingTask, agent_ws: Path | None, overlay: Any = None,
+               with_canaries: bool = True) -> tuple[Path, list[str]]:
     """A fresh copy of the pristine workspace with the agent's surface (or `overlay`, the reference)
-    and the hidden tests; what was left out of the agent's surface."""
+    and the hidden tests (with the canaries, for harnessrl's runner); what was left out of the agent's surface."""
     clean = fresh_dir("clean-", ROOT)
     lay(task.workspace, clean)
     left_out = take_surface(agent_ws, task.solution, task.workspace, clean) if agent_ws is not None else []
@@ -180,6 +190,8 @@ def clean_room(task: CodingTask, agent_ws: Path | None, overlay: Any = None) -> 
     shutil.rmtree(clean / HIDDEN_DIR, ignore_errors=True)
     if task.hidden_tests is not None and calls.calls_text(task.hidden_tests) is None:  # data tests stay the host's
         lay(task.hidden_tests, clean)
+        if with_canaries:  # not for a user's reward command: its score is read from its own output
+            lay(dict(task.canaries), clean)
     return clean, left_out
 
 
@@ -195,7 +207,7 @@ def score_rollout(task: CodingTask, agent_ws: Path, reward_cmd: str | None, mode
     Total: whatever the agent left makes a score (an exception while handling its files, its report
     or its output is its 0, the reason in `zero`); only `ScorerFault` leaves, for the rollout's `failed`."""
     try:
-        clean, left_out = clean_room(task, agent_ws)
+        clean, left_out = clean_room(task, agent_ws, with_canaries=reward_cmd is None)
     except SurfaceError as exc:  # the policy made a surface too big to take: its failure
         return _zero(task, mode, str(exc))
     except Exception as exc:  # noqa: BLE001 - the agent's files, whatever they are, are its score

@@ -39,6 +39,8 @@ class CodingTask:
     solution: tuple[str, ...] = ()  # the solution surface: workspace paths the agent's version of is scored
     known_tests: tuple[str, ...] | None = None  # the hidden tests' node ids (scoring.known_tests)
     fingerprint: tuple[str, str | None] = ("", None)  # digests of their parameters and of pytest's hooks
+    canaries: tuple[tuple[str, str], ...] = ()  # pytest-mode canary files (path, text), drawn at load (canaries.py)
+    canary_ids: tuple[str, ...] = ()  # their node ids: each must fail
 
 
 @dataclass
