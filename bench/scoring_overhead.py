@@ -1,4 +1,5 @@
-"""What scoring a coding rollout costs, before and after the clean room (issue 42).
+"""What scoring a coding rollout costs, before and after the clean room (issue 42), and with the
+verdict moved out of the agent's process (issue 54).
 
     python bench/scoring_overhead.py [--tasks 4] [--repeats 5] [--sandbox bwrap]
 
@@ -13,9 +14,12 @@ alternating order, in this run:
 - after: `scoring.score_rollout` — a fresh copy of the pristine workspace, the agent's solution
   surface copied in without following links, the hidden tests, the runner (`python -I`, the
   signed report) in a fresh sandbox, the report checked against the task's known tests.
+- round 2 (issue 54), the same tasks and cases: `score_rollout` with the pytest runner plus a
+  canary file (pytest mode's hardening), and with the hidden cases as data (calls.py: the child
+  evaluates the calls in a fresh sandbox, the host compares; the generated family's default).
 Printed: the median seconds of each, their difference, and the clean room alone (its copy and
 removal, no test run). Also the one-time cost of a task's known tests at load (the hidden tests
-run on the reference, uncached).
+run on the reference, uncached), for both forms.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from harnessrl.app.rollouts.limited_run import RolloutFlags, coding_tasks
@@ -78,24 +83,32 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-scoring-"))
     os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")  # the known tests collected here, not read from a cache
-    files = write(tmp / "tasks", args.tasks, 0, seed=0, salt="bench")
+    files = write(tmp / "tasks", args.tasks, 0, seed=0, salt="bench", hidden="pytest")
     rows = read_tasks(files["all"])
     started = time.perf_counter()
     tasks = coding_tasks(rows, files["all"], RolloutFlags())
     load = (time.perf_counter() - started) / len(rows)
+    data_files = write(tmp / "data", args.tasks, 0, seed=0, salt="bench")  # the same cases, as data
+    started = time.perf_counter()
+    data_tasks = coding_tasks(read_tasks(data_files["all"]), data_files["all"], RolloutFlags())
+    data_load = (time.perf_counter() - started) / len(rows)
     limits = Limits(sandbox=args.sandbox, timeout=120)
-    times: dict[str, list[float]] = {"before": [], "plain": [], "after": []}
-    ways = {"before": before, "plain": lambda t, w, lim: before(t, w, lim, autoload=False), "after": after}
+    bare = {rid: replace(t, canaries=(), canary_ids=()) for rid, t in tasks.items()}  # round 1: no canaries
+    ways = {"before": lambda rid, w: before(tasks[rid], w, limits),
+            "plain": lambda rid, w: before(tasks[rid], w, limits, autoload=False),
+            "after": lambda rid, w: after(bare[rid], w, limits), "canaries": lambda rid, w: after(tasks[rid], w, limits),
+            "data": lambda rid, w: after(data_tasks[rid], w, limits)}
+    times: dict[str, list[float]] = {name: [] for name in ways}
     rooms = []
     for r in range(args.repeats):
         for i, row in enumerate(rows):
             task = tasks[row.id]
-            order = list(ways)[(r + i) % 3:] + list(ways)[:(r + i) % 3]  # each way first as often
+            order = list(ways)[(r + i) % len(ways):] + list(ways)[:(r + i) % len(ways)]  # each way first as often
             for name in order:
                 ws = fresh_workspace(task)
                 if i % 2:
                     lay(row.reference, ws)
-                times[name].append(ways[name](task, ws, limits))
+                times[name].append(ways[name](row.id, ws))
                 if name == "after":
                     rooms.append(room(task, ws))
                 shutil.rmtree(ws, ignore_errors=True)
@@ -109,6 +122,10 @@ def main() -> None:
     print(f"after - before: {new - old:+.3f} s per rollout; after - before without autoload: {new - plain:+.3f} s; "
           f"the clean room alone: median {med(rooms) * 1000:.1f} ms")
     print(f"known tests at load (once per task, then cached): {load:.3f} s per task")
+    canary, data = med(times["canaries"]), med(times["data"])
+    print(f"round 2: the runner with a canary file: median {canary:.3f} s ({canary - new:+.3f} s); the hidden "
+          f"cases as data: median {data:.3f} s ({data - new:+.3f} s); the data cases checked at load: "
+          f"{data_load:.3f} s per task")
 
 
 if __name__ == "__main__":
