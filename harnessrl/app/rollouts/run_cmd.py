@@ -233,6 +233,8 @@ def run_command(argv: list[str], opts: RunOptions, proxy: str | None, model: Pat
             raise UserError(f"the proxy at {url} refused: {exc}") from None
         except httpx.TransportError as exc:
             raise UserError(f"cannot reach the proxy at {url}: {exc}") from None
+        except OSError as exc:  # the sandbox or the command could not start: one line, the rollout failed
+            raise UserError(f"cannot run the command: {exc.strerror or exc}") from None
     for warning in result.warnings:
         _err.print(f"[yellow]warning:[/yellow] {warning}")
     if result.outcome is not None:
