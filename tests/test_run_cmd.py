@@ -147,6 +147,11 @@ def test_outcome_sources(tmp_path):
     value, warning = outcome_of("stdout-json", 0, "done", None)
     assert value is None and "no reward" in warning
     assert outcome_of(None, 3, None, None) == (None, None)
+    # nested past Python's parser (RecursionError, issue 54), lone surrogates: no reward, never a crash
+    assert outcome_of("stdout-json", 0, "[" * 4000, None)[0] is None
+    (tmp_path / "deep").write_text("[" * 4000)
+    assert outcome_of(str(tmp_path / "deep"), 0, None, tmp_path / "deep")[0] is None
+    assert outcome_of("stdout-json", 0, '{"reward": 0.5, "x": "\\ud800"}', None) == (0.5, None)
     (tmp_path / "r").write_text('{"reward": true}')  # a bool is not a reward
     assert outcome_of(str(tmp_path / "r"), 0, None, tmp_path / "r")[0] is None
     # the host never reads through what the command made: a link (to a file holding a reward the

@@ -6,13 +6,13 @@ limited_run.py (under limits, which run_cmd.py hands a limited command to).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.app.sandbox.run import Limits
+from harnessrl.app.scoring import hostile
 from harnessrl.app.scoring.workspace import CodingTask
 from harnessrl.errors import UserError
 
@@ -47,10 +47,11 @@ class RunResult:
 
 
 def _reward_from_text(text: str) -> float | None:
-    """`0.7`, or a JSON object with a numeric "reward"."""
+    """`0.7`, or a JSON object with a numeric "reward"; None for anything else, however it is made
+    (the program's output is its own: a line nested past Python's parser is no reward, not a crash)."""
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = hostile.loads(text, 1 << 20)
+    except hostile.HostileData:
         return None
     if isinstance(value, dict):
         value = value.get("reward")
