@@ -64,6 +64,11 @@ def pytest_task(tmp_path_factory):
     return _make(tmp_path_factory, "pytest")
 
 
+@pytest.fixture(scope="module")
+def calls_task(tmp_path_factory):
+    return _make(tmp_path_factory, "calls")
+
+
 @pytest.fixture(scope="module", params=["calls", "pytest"])
 def task(request, tmp_path_factory):
     return _make(tmp_path_factory, request.param)
@@ -97,8 +102,8 @@ def test_each_blanket_attack_is_live_against_the_runner_without_canaries(pytest_
     assert _score(t, ATTACKS[name], task=bare).reward == 1.0
 
 
-def test_the_frame_attack_finds_no_expected_value_in_the_data_tests(tmp_path_factory):
-    t = _make(tmp_path_factory, "calls")
+def test_the_frame_attack_finds_no_expected_value_in_the_data_tests(calls_task):
+    t = calls_task
     assert _score(t, frame_reader).reward <= t["nothing"]
 
 
@@ -123,16 +128,16 @@ def _returns(code: str):
     "class L(list):\n    def __eq__(self, other):\n        return True\nreturn L()\n",
     "import types\nreturn types.SimpleNamespace(__eq__=lambda o: True)\n",
 ])
-def test_an_object_equal_to_everything_cannot_cross_as_data(tmp_path_factory, code):
-    t = _make(tmp_path_factory, "calls")
+def test_an_object_equal_to_everything_cannot_cross_as_data(calls_task, code):
+    t = calls_task
     outcome = _score(t, _returns(code))
     assert outcome.reward == 0.0 and "not plain data" in outcome.metadata["output"], outcome.metadata
 
 
-def test_the_child_never_sees_an_expected_value(tmp_path_factory):
+def test_the_child_never_sees_an_expected_value(calls_task):
     """A function that searches everything its sandbox can read under the clean room, HOME and
     TMPDIR for the calls file or the word "expected", and answers whether it found any."""
-    t = _make(tmp_path_factory, "calls")
+    t = calls_task
     outcome = _score(t, _returns("""
         import os
         needle = '"exp' + 'ected"'  # made here: this file's own text must not match
