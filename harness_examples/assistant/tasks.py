@@ -54,7 +54,11 @@ TOOLS_SPEC = {
     "get_birthday": ("person", "Look up a person's birthday.", [
         "When is {x}'s birthday?", "What day was {x} born?", "When should I wish {x} a happy birthday?"]),
 }
-SYSTEM = "You are a helpful assistant. Answer the user's question by calling exactly one of the tools."
+# one worked call in the instructions shows the answer's form (a tool of the list, so the form is
+# all it gives away); which tool and what argument stay to be learned
+SYSTEM = ("You are a helpful assistant. Answer the user's question by calling exactly one of the tools. "
+          "For example, to answer \"Is it sunny in Rome?\" you reply:\n<tool_call>\n"
+          "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>")
 
 
 def tool_schema(name: str) -> dict[str, Any]:
@@ -62,8 +66,7 @@ def tool_schema(name: str) -> dict[str, Any]:
     param = KINDS[kind][0]
     return {"type": "function", "function": {
         "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {param: {"type": "string", "description": f"The {kind}."}},
-                       "required": [param]}}}
+        "parameters": {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}}}
 
 
 TOOLS = [tool_schema(name) for name in TOOLS_SPEC]
