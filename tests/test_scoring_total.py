@@ -236,3 +236,19 @@ def test_under_ray_a_runner_that_raises_is_a_failed_rollout_and_the_batch_goes_o
         ex.close()
     assert results[0] == 0 and results[2] == 20
     assert all(r.rollout_id == "" and r.error.startswith("the rollout raised ValueError") for r in results[1::2])
+
+
+@BWRAP
+@pytest.mark.parametrize("mode", ["badname", "deep-report", "fix-killself"])
+def test_harnessrl_run_scores_each_and_never_exits_with_a_traceback(live, tmp_path, mode):
+    """The issue's first symptom: `harnessrl run` exited 1 with a traceback on a report the parser
+    could not read, and on a name that is not UTF-8."""
+    import subprocess
+
+    row, files = live["pytest"]["row"], live["pytest"]["files"]
+    done = subprocess.run([sys.executable, "-m", "harnessrl", "run", "--proxy", live["url"], "--no-intercept",
+                           "--tasks", str(files["all"]), "--task", row.id, "--",
+                           sys.executable, str(live["root"] / "agent.py"), mode, "-", json.dumps(row.reference)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "Traceback" not in done.stderr and "outcome " in done.stderr, done.stderr[-2000:]
+    assert done.returncode == (137 if mode == "fix-killself" else 0), done.stderr[-2000:]
