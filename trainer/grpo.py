@@ -65,8 +65,10 @@ def grpo_args(cfg: TrainConfig, micro: int = 1, checkpointing: bool = False, **e
         activation_checkpointing=checkpointing,  # TRL's default is on; off is faster for short samples
         dataloader_pin_memory=torch.cuda.is_available(),  # nothing to pin to without a GPU (torch warns)
     )
-    if world > 1 and not torch.cuda.is_available():
-        kwargs["use_cpu"] = True  # accelerate starts gloo data parallelism on CPU only when told so
+    if (world > 1 or cfg.bf16) and not torch.cuda.is_available():
+        # accelerate starts gloo data parallelism on CPU only when told so, and transformers refuses
+        # bf16 without a GPU ("Your setup doesn't support bf16/gpu") unless the run says it is on CPU
+        kwargs["use_cpu"] = True
     kwargs.update(extra)
     return GRPOConfig(**kwargs)
 
