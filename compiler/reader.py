@@ -183,8 +183,8 @@ class Reader:
                 Call.finish_reason)
         q = select(*cols).where(Call.rollout_id.in_(list(works))).order_by(Call.rollout_id, Call.seq)
         with self.engine.connect() as conn:
-            for rid, errors, meta, status in conn.execute(
-                    select(Rollout.id, Rollout.errors, Rollout.meta, Rollout.status).where(Rollout.id.in_(list(works)))):
+            cols_ro = (Rollout.id, Rollout.errors, Rollout.meta, Rollout.status)
+            for rid, errors, meta, status in conn.execute(select(*cols_ro).where(Rollout.id.in_(list(works)))):
                 if errors:
                     works[rid].errors = errors
                     works[rid].stats["call_errors"] = errors

@@ -45,8 +45,9 @@ def summary_notes(stats: dict[str, Any]) -> list[str]:
     notes = []
     if t.get("scorer_no_outcome"):  # never the policy's doing: the scorer posts an outcome for every end
         ids = [rid for rid, r in stats["rollouts"].items() if r.get("scorer_no_outcome")]
+        shown = ", ".join(ids[:3]) + (", …" if len(ids) > 3 else "")
         notes.append(f"error: {t['scorer_no_outcome']:,} rollouts that harnessrl's scorer scores (hidden tests, "
-                     f"--reward-from) finished without an outcome ({', '.join(ids[:3])}{', …' if len(ids) > 3 else ''}): "
+                     f"--reward-from) finished without an outcome ({shown}): "
                      "a fault of the scorer, not of the policy; they are "
                      f"{'scored 0' if o.get('missing_outcome') == 'zero' else 'left out'} — please report it")
     if t.get("skipped_no_outcome"):

@@ -2,8 +2,8 @@
 attacking agent (red_team_agents.py), against the task's hidden tests as data (calls.py, the
 generated family's default) and as pytest files (the clean room's runner, now with canaries).
 
-Every attack is first shown to be live: against the pytest runner, the run it tampers with has its
-real tests all passing, and only a canary (a test that must fail) gives it away. Against the data
+Every attack on the runner is first shown to be live: against the pytest runner without canaries
+it scores 1.0, and with them a canary (a test that must fail) gives it away. Against the data
 tests it finds nothing to bend. Each scores at most what doing nothing scores, none ends without a
 score, and the fix still scores 1. Driven through `score_rollout` (what a rollout calls after its
 harness) under bubblewrap, as the first round's cases are."""
@@ -25,16 +25,17 @@ from harnessrl.harness_examples.coding.tasks import write
 from harnessrl.tasks_file import read_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from red_team_agents import ATTACKS, frame_reader  # noqa: E402
+from red_team_agents import ATTACKS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="bubblewrap is not installed")
 FRAME = "the expected value read from the calling test's frame"
-# what bends every outcome of a pytest run: live against the runner, caught there by the canaries
-BLANKET = ("runner objects through gc: every outcome stored as passed",
-           "the key from the runner's frame, an all-passed report signed",
-           "the key from raw memory, no runner object touched",
-           "an unwatched pytest class attribute: outcome always passed",
-           "a hook implementation swapped for a same-named wrapper")
+# live against the runner, each caught there by the canaries: what bends every outcome of a pytest
+# run, and a function that answers each test with its caller's expected value
+CAUGHT = ("runner objects through gc: every outcome stored as passed",
+          "the key from the runner's frame, an all-passed report signed",
+          "the key from raw memory, no runner object touched",
+          "an unwatched pytest class attribute: outcome always passed",
+          "a hook implementation swapped for a same-named wrapper", FRAME)
 
 
 def _make(factory, hidden: str):
@@ -83,16 +84,16 @@ def test_doing_nothing_and_the_fix(task):
         assert task["task"].canary_ids and "zero" not in _score(task, fix).metadata
 
 
-@pytest.mark.parametrize("name", [n for n in ATTACKS if n != FRAME])
+@pytest.mark.parametrize("name", list(ATTACKS))
 def test_an_attack_from_inside_the_test_run_scores_no_more_than_doing_nothing(task, name):
     outcome = _score(task, ATTACKS[name])
     assert outcome.reward is not None and outcome.reward <= task["nothing"], (name, outcome.metadata)
-    if task["hidden"] == "pytest" and name in BLANKET:
+    if task["hidden"] == "pytest" and name in CAUGHT:
         assert "canary" in outcome.metadata["zero"], outcome.metadata
 
 
-@pytest.mark.parametrize("name", BLANKET)
-def test_each_blanket_attack_is_live_against_the_runner_without_canaries(pytest_task, name):
+@pytest.mark.parametrize("name", CAUGHT)
+def test_each_attack_the_canaries_catch_is_live_against_the_runner_without_them(pytest_task, name):
     """The same attack with the canaries taken away scores 1: the attacks are real, and it is the
     canaries that catch them."""
     from dataclasses import replace
@@ -100,17 +101,6 @@ def test_each_blanket_attack_is_live_against_the_runner_without_canaries(pytest_
     t = pytest_task
     bare = replace(t["task"], canaries=(), canary_ids=())
     assert _score(t, ATTACKS[name], task=bare).reward == 1.0
-
-
-def test_the_frame_attack_finds_no_expected_value_in_the_data_tests(calls_task):
-    t = calls_task
-    assert _score(t, frame_reader).reward <= t["nothing"]
-
-
-@pytest.mark.xfail(strict=True, reason="docs/coding.md: a pytest-mode task's test frames hold the expected values; "
-                                       "canaries do not see a function that returns them (the data tests do)")
-def test_the_frame_attack_against_pytest_files(pytest_task):
-    assert _score(pytest_task, frame_reader).reward <= pytest_task["nothing"]
 
 
 def _returns(code: str):
@@ -128,10 +118,11 @@ def _returns(code: str):
     "class L(list):\n    def __eq__(self, other):\n        return True\nreturn L()\n",
     "import types\nreturn types.SimpleNamespace(__eq__=lambda o: True)\n",
 ])
-def test_an_object_equal_to_everything_cannot_cross_as_data(calls_task, code):
-    t = calls_task
-    outcome = _score(t, _returns(code))
+def test_an_object_equal_to_everything_cannot_cross_as_data(calls_task, pytest_task, code):
+    outcome = _score(calls_task, _returns(code))
     assert outcome.reward == 0.0 and "not plain data" in outcome.metadata["output"], outcome.metadata
+    outcome = _score(pytest_task, _returns(code))  # the family's tests compare by type; the canary by ==
+    assert outcome.reward == 0.0, outcome.metadata
 
 
 def test_the_child_never_sees_an_expected_value(calls_task):

@@ -45,8 +45,8 @@ def raised(job: Job, exc: BaseException) -> RolloutResult:
     """The result of a job whose runner raised: failed, with the exception in one line."""
     first = (str(exc).strip().splitlines() or [""])[0]
     why = f"the rollout raised {type(exc).__name__}: {first}"[:300]
-    return RolloutResult(rollout_id="", task_id=job.task_id, outcome=0.0, error=why.encode("utf-8", "backslashreplace")
-                         .decode())
+    why = why.encode("utf-8", "backslashreplace").decode()  # a message may hold an undecodable name
+    return RolloutResult(rollout_id="", task_id=job.task_id, outcome=0.0, error=why)
 
 
 def counted(results: list[Any]) -> tuple[str, ...] | None:

@@ -30,10 +30,10 @@ from typing import IO
 
 from harnessrl.app.rollouts.command import RunOptions, RunResult, outcome_of, reward_file_of
 from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
-from harnessrl.app.scoring import canaries
 from harnessrl.app.scoring.clean_room import solution_surface
 from harnessrl.app.scoring.hostile import safe_meta, safe_text
-from harnessrl.app.scoring.hidden_tests import known_for_all, reference_tree, score_in_place, score_rollout
+from harnessrl.app.scoring.hidden_tests import (known_for_all, reference_tree, score_in_place, score_rollout,
+                                                canaries_for_all)
 from harnessrl.app.scoring.workspace import REWARD_MODES, CodingTask, check_tree, fresh_workspace
 from harnessrl.client import Rollout
 from harnessrl.errors import UserError
@@ -82,11 +82,11 @@ def coding_tasks(rows: list[TaskRow], tasks_file: Path, flags: RolloutFlags) -> 
             and t.reward_cmd is None and flags.reward_cmd is None]
     jobs = [(tasks[row.id], reference_tree(row.reference, f"task {row.id}"), f"task {row.id}") for row in todo]
     for row, (known, prints) in zip(todo, known_for_all(jobs)):
-        task = replace(tasks[row.id], known_tests=known, fingerprint=prints)
-        if prints[0] != "calls":  # pytest files: canaries beside them, drawn afresh for this process
-            files, ids = canaries.make(task.hidden_tests)
-            task = replace(task, canaries=tuple(files.items()), canary_ids=ids)
-        tasks[row.id] = task
+        tasks[row.id] = replace(tasks[row.id], known_tests=known, fingerprint=prints)
+    # pytest files: canaries beside them, drawn afresh for this process (data tests need none)
+    files = [(row.id, ref) for row, (_, ref, _) in zip(todo, jobs) if tasks[row.id].fingerprint[0] != "calls"]
+    for (rid, _), task in zip(files, canaries_for_all([(tasks[rid], ref) for rid, ref in files])):
+        tasks[rid] = task
     return tasks
 
 

@@ -38,7 +38,7 @@ import secrets
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -53,6 +53,7 @@ from harnessrl.errors import UserError
 RUNNER = Path(__file__).with_name("runner.py")
 REPORT_LIMIT = 16 << 20  # bytes of a report read back
 LOAD_LIMITS = Limits(sandbox="none", timeout=300.0)  # the known-tests run: the task's own code, unsandboxed
+CANARY_LIMITS = Limits(sandbox="none", timeout=60.0)  # the reference with a canary drawn for it, once at load
 _known: dict[str, Any] = {}
 
 
@@ -325,6 +326,33 @@ def known_tests(task: CodingTask, reference: dict[str, str] | None, where: str) 
     except OSError:
         pass  # a read-only cache only costs the next load a run
     return _known[key]
+
+
+def with_canaries(task: CodingTask, reference: dict[str, str] | None) -> CodingTask:
+    """`task` with a canary file drawn for it (canaries.py). With an inline reference, the draw is
+    tried once on it: a canary that calls the task's function must fail there and leave its
+    known tests passing, in bounded time; else the canary calls builtins only."""
+    files, ids = canaries.make(task.hidden_tests)
+    drawn = replace(task, canaries=tuple(files.items()), canary_ids=ids)
+    if reference is None:
+        return drawn
+    clean, _ = clean_room(drawn, None, reference)
+    try:
+        run = run_tests(clean, CANARY_LIMITS, ())
+    finally:
+        shutil.rmtree(clean, ignore_errors=True)
+    outcomes = run.report["outcomes"] if run.report is not None else {}
+    if not run.done.timed_out and canaries.check(ids, outcomes) is None and all(
+            _passed(outcomes.get(t)) for t in task.known_tests or ()):
+        return drawn
+    files, ids = canaries.make(task.hidden_tests, call_target=False)
+    return replace(task, canaries=tuple(files.items()), canary_ids=ids)
+
+
+def canaries_for_all(jobs: list[tuple[CodingTask, dict[str, str] | None]]) -> list[CodingTask]:
+    """`with_canaries` of many tasks, a few at a time."""
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        return list(pool.map(lambda job: with_canaries(*job), jobs))
 
 
 def known_for_all(jobs: list[tuple[CodingTask, dict[str, str] | None, str]]) -> list[Known]:
