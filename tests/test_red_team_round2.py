@@ -144,3 +144,23 @@ def test_the_child_never_sees_an_expected_value(calls_task):
         return "nothing"
         """))
     assert "got \"nothing\"" in outcome.metadata["output"] and "found" not in outcome.metadata["output"]
+
+
+def test_a_canary_the_reference_passes_is_drawn_again_over_builtins(tmp_path):
+    """A task whose own function answers with its caller's `expected` (contrived, but a canary that
+    calls it would pass on the reference): the draw tried at load falls back to builtins, and the
+    reference, which is correct for this task, still scores 1."""
+    import json
+
+    fn = "import sys\n\n\ndef f(*args):\n    return sys._getframe(1).f_locals.get('expected')\n"
+    row = {"id": "t", "input": "x", "workspace": {"pkg/__init__.py": "", "pkg/m.py": "def f(*args):\n    return 0\n"},
+           "reference": {"pkg/m.py": fn},
+           "hidden_tests": {"hidden_tests/test_m.py": "from pkg.m import f\n\n\ndef test_f():\n    expected = 1\n"
+                                                      "    assert f() == expected\n"}}
+    (tmp_path / "t.jsonl").write_text(json.dumps(row) + "\n")
+    [task_row] = read_tasks(tmp_path / "t.jsonl")
+    task = coding_tasks([task_row], tmp_path / "t.jsonl", RolloutFlags())["t"]
+    [(_, text)] = task.canaries
+    assert "f(*args)" not in text and task.canary_ids, text
+    t = {"task": task, "module": "pkg/m.py"}
+    assert _score(t, lambda ws, _: (ws / "pkg/m.py").write_text(fn)).reward == 1.0
