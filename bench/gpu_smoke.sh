@@ -8,6 +8,8 @@
 #
 # MODEL_DIR: a local chat model with tool calling (e.g. Qwen2.5-0.5B-Instruct); VLLM_BIN: the
 # `vllm` executable of vLLM's own environment (default: $HARNESSRL_VLLM_BIN or `vllm` on PATH).
+# A MODEL_DIR without weights (`harnessrl smollm2 DIR --shape-only --vllm`: SmolLM2-135M's config
+# and tokenizer, 4 MB, where its 98 MB GGUF cannot travel) gets seeded random weights of its shape.
 set -euo pipefail
 MODEL=$(realpath "${1:?usage: bench/gpu_smoke.sh MODEL_DIR [VLLM_BIN]}")
 VLLM_BIN=${2:-${HARNESSRL_VLLM_BIN:-$(command -v vllm || true)}}
@@ -27,6 +29,16 @@ wait_http() {  # URL SECONDS
   for _ in $(seq "$2"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done
   echo "timed out waiting for $1" >&2; exit 1
 }
+
+if ! compgen -G "$MODEL/*.safetensors" >/dev/null; then
+  say "no weights in $MODEL: random ones of its config's shape (seed 0)"
+  python - "$MODEL" <<'PY'
+import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[1])
+PY
+fi
 
 say "vLLM on :$VLLM_PORT (full-weight reload mode), log $WORK/vllm.log"
 # The trainer shares the GPU: vLLM gets a third of it.

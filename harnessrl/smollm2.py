@@ -59,9 +59,11 @@ def chat_template() -> str:
     return template.replace(line, "{%- set default_system = " + json.dumps(DEFAULT_SYSTEM) + " -%}", 1)
 
 
-def build_smollm2(out_dir: str | Path, untie: bool = False) -> Path:
+def build_smollm2(out_dir: str | Path, untie: bool = False, shape_only: bool = False) -> Path:
     """Write the checkpoint to `out_dir`; `untie` gives it its own output layer (vLLM's in-place
-    weight reload leaves a tied one at its starting weights: docs/vllm.md)."""
+    weight reload leaves a tied one at its starting weights: docs/vllm.md). `shape_only`: config,
+    tokenizer and generation config without the weights (4 MB: what travels to a GPU machine,
+    where bench/gpu_smoke.sh initialises weights of this shape at random)."""
     if importlib.util.find_spec("gguf") is None:
         raise UserError(f"the package gguf is not installed (transformers reads GGUF with it): {_INSTALL}")
     source = gguf_path()
@@ -92,6 +94,10 @@ def build_smollm2(out_dir: str | Path, untie: bool = False) -> Path:
         model.config.tie_word_embeddings = False
         model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    if shape_only:
+        model.config.save_pretrained(out)
+        model.generation_config.save_pretrained(out)
+    else:
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

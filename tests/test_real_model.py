@@ -62,6 +62,13 @@ def test_conversion_is_the_same_bytes_every_run_and_renders_tools(smollm2_dir, t
     assert tok.eos_token == "<|im_end|>" and template_renders_tools(tok)
     own = AutoTokenizer.from_pretrained(own_template_copy(smollm2_dir, tmp_path / "own"))
     assert not template_renders_tools(own)  # the defect the conversion's template mends
+    # what travels to a GPU machine (bench/gpu_smoke.sh): the shape and tokenizer, untied, no weights
+    shape = _harnessrl("smollm2", str(tmp_path / "shape"), "--shape-only", "--vllm")
+    assert shape.returncode == 0, shape.stderr[-2000:]
+    files = {f.name: f.stat().st_size for f in (tmp_path / "shape").iterdir()}
+    assert not any(n.endswith(".safetensors") for n in files) and sum(files.values()) < 8 * 2**20
+    shaped = AutoConfig.from_pretrained(tmp_path / "shape")
+    assert (shaped.num_hidden_layers, shaped.tie_word_embeddings) == (30, False)
 
 
 def test_the_models_own_template_never_records_a_prompt_without_the_tools(smollm2_dir, tmp_path):

