@@ -57,9 +57,10 @@ def test_async_coding_loop_in_the_sandbox(tiny_model_dir, tmp_path):
     assert len(trained) == 4  # two steps of one group of two
     for rid in trained + [r.id for r in rollouts.values() if r.run.startswith("eval-")]:
         meta = rewards[rid].meta or {}
-        # the tiny model fixes nothing and the planted conftest.py passes nothing: the hidden tests'
-        # signed pass fraction of the broken code
-        assert meta.get("report") == "signed" and meta.get("failed", 0) + meta.get("errors", 0) > 0, meta
+        # the tiny model fixes nothing and the planted conftest.py passes nothing: the hidden cases'
+        # pass fraction of the broken code, from the data tests' answers (the family's default)
+        assert (meta.get("tests"), meta.get("report")) == ("calls", "read"), meta
+        assert meta.get("failed", 0) + meta.get("errors", 0) > 0, meta
         assert 0.0 <= rewards[rid].value < 1.0 and re.search(r"\d+ (passed|failed)", meta.get("output", "")), meta
     logs = [p.read_text() for p in out.rglob("*.log")]
     ran = [log for log in logs if "Inter-|" in log]  # /proc/net/dev's header: the rollout's command ran
