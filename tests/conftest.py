@@ -26,20 +26,9 @@ def _tiny_model_key() -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny test model; rebuilt only when tiny_model.py or the chat template change."""
-    from filelock import FileLock
-
     from harnessrl.tiny_model import build_tiny_model
 
-    out = _CACHE / f"tiny-{_tiny_model_key()}"
-    _CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
-        if not (out / "config.json").exists():
-            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(out, ignore_errors=True)  # a half-written build from a killed run
-            build_tiny_model(tmp)
-            tmp.rename(out)
-    return out
+    return _built_once(_CACHE / f"tiny-{_tiny_model_key()}", build_tiny_model)
 
 
 def _built_once(out: Path, build) -> Path:
