@@ -56,6 +56,6 @@ def test_the_registry_reads_the_delays_from_the_tasks_file(tmp_path):
 
     train, held = slow.generate(2, median_s=0.25)
     path = slow.write(train[:6] + held[:2], tmp_path / "tasks.jsonl")
-    h = load_harness("toolbox_slow", TaskSource(path, None, tmp_path, 0, 0.25, 2))
+    h = load_harness("toolbox_slow", TaskSource(path, None, tmp_path, None, 0.25, 2))
     assert (h.train, h.eval) == (train[:6], held[:2])  # the file's tail held out, each task with its delay
     assert [t.delay_s for t in h.train] == [slow.delay_for(t.id, 0.25) for t in train[:6]]

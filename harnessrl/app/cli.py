@@ -178,7 +178,7 @@ def tasks_family(
     if name not in families:
         raise UserError(f"unknown task family {name!r}: use {' | '.join(families)}")
     out.mkdir(parents=True, exist_ok=True)
-    loaded = HARNESSES[name].load(TaskSource(None, None, out, 0, 0.5, seed))
+    loaded = HARNESSES[name].load(TaskSource(None, None, out, None, 0.5, seed))
     path = loaded.tasks_file.rename(out / f"{name}.jsonl")
     Console().print(f"{len(loaded.train)} training and {len(loaded.eval)} held-out {name} tasks in [bold]{path}[/bold] "
                     f"(loop: --harness {name} --seed {seed}, or --tasks {path} --eval-fraction 0.5)", soft_wrap=True)
