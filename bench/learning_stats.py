@@ -1,7 +1,7 @@
 """The statistics of bench/learning.py's and bench/fair.py's reports: 95% intervals of held-out
 success (Wilson, over the pooled seed × task outcomes; and t, over per-seed differences), paired
-t-tests with Holm's correction over the comparisons a report makes, and the verdicts drawn from
-them — apart only when an interval (or the adjusted p) says so."""
+t-tests and exact sign-flip tests (two- or one-sided) with Holm's correction over the comparisons a
+report makes, and the verdicts drawn from them — apart only when an interval (or the adjusted p) says so."""
 
 from __future__ import annotations
 
@@ -88,19 +88,67 @@ def seed_verdicts(runs: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def paired_test(diffs: list[float]) -> tuple[float, float, float, float]:
-    """`paired` with the two-sided p-value of the t-test that the mean per-seed difference is 0
-    (1.0 when every difference is 0; 0.0 when they are all equal and not 0: no spread to doubt)."""
+def paired_test(diffs: list[float], alternative: str = "two-sided") -> tuple[float, float, float, float]:
+    """`paired` with the p-value of the t-test that the mean per-seed difference is 0: two-sided, or
+    one-sided (`greater`: the claim is mean > 0; `less`: mean < 0) for a directional claim stated
+    before the runs. Every difference 0: p = 1. Every difference equal and not 0, the t statistic is
+    infinite and the t-test's p would be 0, which no test on n pairs can give: the exact sign-flip p
+    of that case instead (2/2^n two-sided, 1/2^n one-sided in the direction of the differences)."""
     from scipy.stats import t
 
+    _check_alternative(alternative)
     mean, lo, hi = paired(diffs)
     n = len(diffs)
     if n < 2:
         return mean, lo, hi, math.nan
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    if sd < 1e-12:  # equal differences (up to rounding): no spread to doubt them by
-        return mean, lo, hi, 1.0 if abs(mean) < 1e-12 else 0.0
-    return mean, lo, hi, float(2 * t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+    if sd < 1e-12:  # equal differences (up to rounding): no spread for the t-test to use
+        return mean, lo, hi, 1.0 if abs(mean) < 1e-12 else sign_flip_test(diffs, alternative)
+    stat = mean / (sd / math.sqrt(n))
+    if alternative == "greater":
+        return mean, lo, hi, float(t.sf(stat, n - 1))
+    if alternative == "less":
+        return mean, lo, hi, float(t.cdf(stat, n - 1))
+    return mean, lo, hi, float(2 * t.sf(abs(stat), n - 1))
+
+
+ALTERNATIVES = ("two-sided", "greater", "less")
+MAX_EXACT = 20  # 2^20 sign patterns: exact and still well under a second
+
+
+def _check_alternative(alternative: str) -> None:
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative {alternative!r}: one of {', '.join(ALTERNATIVES)}")
+
+
+def sign_flip_test(diffs: list[float], alternative: str = "two-sided") -> float:
+    """Exact paired permutation (sign-flip) test of "the differences are symmetric about 0": under
+    that null each difference's sign is a fair coin, so the p-value is the share of the 2^n sign
+    patterns whose sum is at least as extreme as the observed sum (`two-sided`: |sum| ≥ |observed|;
+    `greater`: sum ≥ observed; `less`: sum ≤ observed). No normality assumed, so it is the test for
+    quantised per-seed rates. Its smallest p is 2/2^n two-sided (1/2^n one-sided): 6 pairs cannot go
+    below 0.031. A difference of 0 flips to itself and counts in n, as in the enumeration.
+    Exact up to MAX_EXACT pairs; above, refused rather than approximated silently."""
+    import numpy as np
+
+    _check_alternative(alternative)
+    n = len(diffs)
+    if n == 0:
+        return math.nan
+    if n > MAX_EXACT:
+        raise ValueError(f"sign_flip_test: {n} pairs, exact enumeration only up to {MAX_EXACT}")
+    d = np.asarray(diffs, dtype=float)
+    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)  # every ± pattern, one a row
+    sums = signs @ d
+    observed = float(d.sum())
+    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))  # ties in float sums count as ties
+    if alternative == "greater":
+        hits = sums >= observed - tol
+    elif alternative == "less":
+        hits = sums <= observed + tol
+    else:
+        hits = np.abs(sums) >= abs(observed) - tol
+    return float(hits.sum()) / 2 ** n
 
 
 def holm(pvalues: list[float]) -> list[float]:

@@ -43,7 +43,36 @@ def test_paired_t_test_by_hand():
     assert (mean, lo, hi) == pytest.approx((0.1, 0.1 - 0.12992, 0.1 + 0.12992), abs=1e-4)
     assert p == pytest.approx(0.0917, abs=5e-4)
     assert paired_test([0.0, 0.0, 0.0])[3] == 1.0
-    assert paired_test([0.1, 0.1, 0.1])[3] == 0.0
+    # every difference equal and not 0: t is infinite, but no test on 3 pairs gives p = 0; the exact
+    # sign-flip p is 2 of the 8 sign patterns (+++, −−−) two-sided, 1/8 one-sided
+    assert paired_test([0.1, 0.1, 0.1])[3] == pytest.approx(2 / 8)
+    assert paired_test([0.1, 0.1, 0.1], "greater")[3] == pytest.approx(1 / 8)
+    assert paired_test([0.1, 0.1, 0.1], "less")[3] == pytest.approx(1.0)
+    assert paired_test([-0.2] * 6, "less")[3] == pytest.approx(1 / 64)
+    # one-sided t: t = 2.4495 on 3 df, P(T ≥ t) = 0.0917 / 2
+    assert paired_test([0.1, 0.2, 0.0, 0.1], "greater")[3] == pytest.approx(0.0917 / 2, abs=3e-4)
+    assert paired_test([0.1, 0.2, 0.0, 0.1], "less")[3] == pytest.approx(1 - 0.0917 / 2, abs=3e-4)
+    with pytest.raises(ValueError, match="alternative"):
+        paired_test([0.1, 0.2], "bigger")
+
+
+def test_sign_flip_test_by_hand():
+    sign_flip = _load("learning_stats").sign_flip_test
+    # diffs 0.1, 0.2, 0, 0.1 (sum 0.4): the 16 patterns' sums are ±0.1 ± 0.2 ± 0.1, each twice (the 0
+    # flips to itself): 0.4, 0.2, 0.2, 0, 0, −0.2, −0.2, −0.4. |sum| ≥ 0.4: 2 of 8 → 0.25; sum ≥ 0.4: 1/8
+    assert sign_flip([0.1, 0.2, 0.0, 0.1]) == pytest.approx(0.25)
+    assert sign_flip([0.1, 0.2, 0.0, 0.1], "greater") == pytest.approx(0.125)
+    # sum ≤ 0.4: all but none → 1
+    assert sign_flip([0.1, 0.2, 0.0, 0.1], "less") == pytest.approx(1.0)
+    # 6 equal pairs, the issue's floor: 2/64 = 0.03125 two-sided, 1/64 one-sided
+    assert sign_flip([0.5] * 6) == pytest.approx(0.03125)
+    assert sign_flip([0.5] * 6, "greater") == pytest.approx(1 / 64)
+    # 3, −1, 2 (sum 4): the 8 patterns' sums 4, 0, 6, 2, −2, −6, 0, −4 → |s| ≥ 4: 4 of 8; s ≥ 4: 2 of 8
+    assert sign_flip([3.0, -1.0, 2.0]) == pytest.approx(0.5)
+    assert sign_flip([3.0, -1.0, 2.0], "greater") == pytest.approx(2 / 8)
+    assert sign_flip([0.0, 0.0]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="exact enumeration"):
+        sign_flip([0.1] * 21)
 
 
 def _args(fair, tmp_path, *more):
