@@ -101,7 +101,9 @@ def test_report_only_renders_from_a_results_file(tmp_path):
     # the per-seed pairs: every seed's warm start and each algorithm's result on it
     assert "per seed: held-out success" in out
     assert all(re.search(rf"│ {s}\s+│ 0\.250\s+│ 0\.750\s+│ 0\.250\s+│", out) for s in range(3))
-    assert "grpo − capo: +0.500 [+0.50, +0.50] per seed, Holm p 0.000 of 3, above (higher on 3, lower on 0 of 3 seeds)" in out
+    # the same +0.5 on each of 3 seeds: the exact sign-flip p 2/8 = 0.25 (not 0), twice (grpo − warm start
+    # too), beside capo's 1.0: Holm 3·0.25 = 0.75 — 3 seeds cannot separate anything
+    assert "grpo − capo: +0.500 [+0.50, +0.50] per seed, Holm p 0.750 of 3, not separated (higher on 3, lower on 0 of 3 seeds)" in out
     png = (tmp_path / "learning.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert not (tmp_path / "tiny").exists()  # nothing was built or trained
@@ -159,11 +161,12 @@ def test_paired_by_seed_by_hand():
             "capo": [{"seed": s, "before": b, "after": a} for s, b, a in ((2, 0.4, 0.8), (0, 0.2, 0.6), (1, 0.3, 0.5))]}
     # p-values, Holm-adjusted over the 3 comparisons (t on 2 df: sf(t) = 1/2 − t / (2√(t² + 2)))
     assert stats.seed_verdicts(runs) == [
-        # the same gain on every seed: p 0
-        "grpo − warm start: +0.300 [+0.30, +0.30] per seed, Holm p 0.000 of 3, above (higher on 3, lower on 0 of 3 seeds)",
+        # the same gain on every seed: no spread for t, the exact sign-flip p 2/2³ = 0.25; second smallest:
+        # × 2 = 0.5
+        "grpo − warm start: +0.300 [+0.30, +0.30] per seed, Holm p 0.500 of 3, not separated (higher on 3, lower on 0 of 3 seeds)",
         # 0.4, 0.4, 0.2: mean 0.333, sd 0.1155, se 0.0667, ± 0.287; t = 5, p = 1 − 5/√27 = 0.0377,
-        # second smallest: × 2 = 0.0755 — its own interval excludes 0, the correction does not let it count
-        "capo − warm start: +0.333 [+0.05, +0.62] per seed, Holm p 0.075 of 3, not separated (higher on 3, lower on 0 of 3 seeds)",
+        # smallest: × 3 = 0.113 — its own interval excludes 0, the correction does not let it count
+        "capo − warm start: +0.333 [+0.05, +0.62] per seed, Holm p 0.113 of 3, not separated (higher on 3, lower on 0 of 3 seeds)",
         # paired by seed: -0.1, +0.1, -0.1; t = 0.5, p = 1 − 0.5/1.5 = 0.667
         "grpo − capo: -0.033 [-0.32, +0.25] per seed, Holm p 0.667 of 3, not separated (higher on 1, lower on 2 of 3 seeds)",
     ]
