@@ -62,6 +62,71 @@ def test_top_units_and_layer_importance_hand_numbers():
     assert [round(x, 6) for x in layer_importance(a)] == [round(1.8 / 5.3, 6), round(3.5 / 5.3, 6)]
 
 
+def test_partition_rules_hand_numbers():
+    from harnessrl.trainer.capo_partition import class_masks
+
+    # 3 layers × 2 units. Layer sums: action 2, 10, 4 of 16 → s_act = (0.125, 0.625, 0.25);
+    # args 6, 12, 2 of 20 → s_args = (0.3, 0.6, 0.1)
+    a = torch.tensor([[1.0, 1.0], [5.0, 5.0], [2.0, 2.0]])
+    b = torch.tensor([[3.0, 3.0], [6.0, 6.0], [1.0, 1.0]])
+    none, whole = [False, False], [True, True]
+    # layers, ρ = 0.3: ⌈0.9⌉ = 1 layer each; both classes' shares rank layer 1 first → both own it
+    act, args = class_masks(a, b, 0.3, "layers")
+    assert act.tolist() == args.tolist() == [none, whole, none]
+    # ρ = 0.5: ⌈1.5⌉ = 2 layers: action 1 and 2 (0.625, 0.25); args 1 and 0 (0.6, 0.3)
+    act, args = class_masks(a, b, 0.5, "layers")
+    assert act.tolist() == [none, whole, whole] and args.tolist() == [whole, whole, none]
+    # layers_contrast: s_act − s_args = (−0.175, 0.025, 0.15) → action layer 2; args the converse → layer 0
+    act, args = class_masks(a, b, 0.3, "layers_contrast")
+    assert act.tolist() == [none, none, whole] and args.tolist() == [whole, none, none]
+    # the unit rules (departures) take ⌈ρ·U⌉ units of every layer: ρ = 0.5 → 1 of 2 in each layer
+    u_a = torch.tensor([[1.0, 2.0], [4.0, 3.0]])
+    u_b = torch.tensor([[0.5, 2.5], [1.0, 0.5]])
+    act, args = class_masks(u_a, u_b, 0.5, "activation")
+    assert act.tolist() == [[False, True], [True, False]] and args.tolist() == [[False, True], [True, False]]
+    # contrast: a − b = (0.5, −0.5; 3, 2.5) → unit 0 of each layer; b − a the converse → unit 1
+    act, args = class_masks(u_a, u_b, 0.5, "contrast")
+    assert act.tolist() == [[True, False], [True, False]] and args.tolist() == [[False, True], [False, True]]
+
+
+def test_layers_rule_builds_whole_layers(tiny_model_dir, tmp_path):
+    samples = tiny_samples(tmp_path / "s", tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    part, report = build_partition(model, load_samples(samples).samples, rho=0.25, by="layers")
+    n_layers = model.config.num_hidden_layers
+    # ⌈0.25 · layers⌉ whole layers per class, for MLP units and for heads alike
+    for m in (part.act, part.args, part.act_heads, part.args_heads):
+        rows = m.sum(1)
+        assert ((rows == 0) | (rows == m.size(1))).all() and int((rows > 0).sum()) == max(1, -(-n_layers // 4))
+    assert report["by"] == "layers"
+    # the action layer is the one with the largest action importance
+    assert int(part.act.any(1).nonzero()[0]) == max(range(n_layers), key=lambda i: report["importance"]["action"][i])
+    assert all(0.0 <= o <= 1.0 for o in report["overlap_per_layer"])  # no 0/0 where the action owns no unit
+
+
+def test_capo_rule_from_train_config(tiny_model_dir, tmp_path):
+    from harnessrl.trainer.config import TrainConfig, load_config
+
+    with pytest.raises(UserError, match="unknown capo_rule 'whole'"):
+        TrainConfig(algo="capo", partition="p.pt", capo_rule="whole").validate()
+    cfg_file = tmp_path / "train.yaml"  # the file `loop --train-config` hands every round
+    cfg_file.write_text("capo_rule: layers_contrast\n")
+    assert load_config(cfg_file, {"algo": "capo", "partition": "p.pt"}).capo_rule == "layers_contrast"
+    samples = tiny_samples(tmp_path / "s", tiny_model_dir)
+    path = tmp_path / "part.pt"
+    tr = make_trainer(CapoTrainer, tiny_model_dir, samples, algo="capo", partition=str(path), capo_rule="layers")
+    assert tr.partition.meta["by"] == "layers"
+    rows = tr.partition.act.sum(1)
+    assert ((rows == 0) | (rows == tr.partition.act.size(1))).all()
+    # unset: the file is taken as made; another rule named: refused, not trained with silently
+    assert make_trainer(CapoTrainer, tiny_model_dir, samples, algo="capo", partition=str(path)).partition.meta["by"] == "layers"
+    with pytest.raises(UserError, match="made by rule 'layers', not capo_rule 'contrast'"):
+        make_trainer(CapoTrainer, tiny_model_dir, samples, algo="capo", partition=str(path), capo_rule="contrast")
+    redo = make_trainer(CapoTrainer, tiny_model_dir, samples, algo="capo", partition=str(path), capo_rule="contrast",
+                        capo_partition_refresh=True)
+    assert redo.partition.meta["by"] == "contrast"
+
+
 def _separate_grads(tr, batch, name):
     tr.model.zero_grad()
     t = tr.terms(tr.model, batch)[name]

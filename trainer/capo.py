@@ -93,13 +93,20 @@ class CapoTrainer(HarnessTrainer):
         path = Path(self.cfg.partition)
         has_success = bool(probe_set(self.data.samples))
         if path.is_file() and (not self.cfg.capo_partition_refresh or not has_success):
-            return Partition.load(path)
+            part = Partition.load(path)
+            made_by = part.meta.get("by", "activation")
+            if self.cfg.capo_rule is not None and self.cfg.capo_rule != made_by:
+                # a file made by another rule would train silently with the rule not asked for
+                raise UserError(f"partition {path} was made by rule {made_by!r}, not capo_rule {self.cfg.capo_rule!r}: "
+                                "set capo_partition_refresh: true to rebuild it, or another --partition file")
+            return part
         if not has_success:
             log.warning("capo: no successful rollout in these samples and no partition at %s yet: this run trains "
                         "unrouted (CAPO's loss, plain gradient); the partition is made at the first run with a success", path)
             return None
         if self.accelerator.is_main_process:
-            part, report = build_partition(self.model, self.data.samples, rho=self.cfg.capo_rho, units=self.cfg.capo_units)
+            part, report = build_partition(self.model, self.data.samples, rho=self.cfg.capo_rho, units=self.cfg.capo_units,
+                                           by=self.cfg.capo_rule or "activation")
             write_outputs(part, report, path)
             log.warning("capo: partition made from %d probe samples, saved to %s (later runs reuse it)", report["probe_samples"], path)
         self.accelerator.wait_for_everyone()

@@ -1,6 +1,8 @@
 """CAPO partitions (docs/methods.md §6.2 steps 1–3): activation statistics of the structural units of
-every layer per token class on a probe set of successful rollouts, layer-wise importance, top-ρ
-units per class and layer.
+every layer per token class on a probe set of successful rollouts, layer-wise importance, and the
+partition rule (`RULES`): whole layers ranked by layer-wise importance (`layers`, the paper's
+"layer-wise importance … used to construct" the partitions), or the top-ρ units of every layer
+(`activation`, `contrast`: this project's earlier rules, kept as departures).
 
 Units (the paper's "layers and structural units"): an MLP unit u of layer l is the u-th input of
 `down_proj` (act(gate)·up); its parameters are row u of `gate_proj`/`up_proj` and column u of
@@ -27,6 +29,13 @@ from harnessrl.trainer.packing import pack, use_packed_attention
 
 CLASSES = {"action": ACTION, "args": ARGS}
 UNITS = ("heads_mlp", "mlp")
+# how a class's partition is chosen from the statistics (docs/methods.md §6.2 step 3):
+#   layers: every unit of the top ⌈ρ·L⌉ layers by the class's layer importance s^k_l (the paper's);
+#   layers_contrast: the same, layers ranked by s^k_l − s^other_l (ours: the two classes' shares
+#     often rank the same layers first, and then `layers` gives both classes the same layers);
+#   activation: the top ⌈ρ·U⌉ units of every layer by a^k (departure: the earlier default);
+#   contrast: the same by a^k − a^other (departure)
+RULES = ("activation", "contrast", "layers", "layers_contrast")
 
 
 def mlp_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -138,6 +147,28 @@ def top_units(score: torch.Tensor, rho: float) -> torch.Tensor:
     return mask
 
 
+def top_layers(importance: torch.Tensor, rho: float, units: int) -> torch.Tensor:
+    """Boolean (layers, units): every unit of the top ⌈ρ·layers⌉ layers by `importance` (one score a
+    layer), so a class's partition is whole layers, as the layer-wise importance ranks them."""
+    k = max(1, math.ceil(round(rho * importance.numel(), 9)))  # rounded as in top_units
+    mask = torch.zeros(importance.numel(), units, dtype=torch.bool)
+    mask[importance.topk(k).indices] = True
+    return mask
+
+
+def class_masks(a: torch.Tensor, b: torch.Tensor, rho: float, by: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The action and args partitions of one kind of unit (MLP units or heads) from their (layers,
+    units) statistics a (action) and b (args), by rule `by` (RULES)."""
+    if by == "activation":
+        return top_units(a, rho), top_units(b, rho)
+    if by == "contrast":
+        return top_units(a - b, rho), top_units(b - a, rho)
+    s_a, s_b = torch.tensor(layer_importance(a)), torch.tensor(layer_importance(b))
+    if by == "layers_contrast":
+        s_a, s_b = s_a - s_b, s_b - s_a
+    return top_layers(s_a, rho, a.size(1)), top_layers(s_b, rho, b.size(1))
+
+
 @dataclass
 class Partition:
     modules: list[str]  # names of the MLP modules, layer order
@@ -170,11 +201,12 @@ class Partition:
 def build_partition(model, samples: list[Sample], rho: float = 0.25, by: str = "activation",
                     threshold: float | None = None, units: str = "heads_mlp") -> tuple[Partition, dict]:
     """`units`: "heads_mlp" (attention heads and MLP units of every layer, the paper's "layers and
-    structural units") or "mlp" (MLP units only, the earlier partition)."""
+    structural units") or "mlp" (MLP units only, the earlier partition). `by`: the rule (RULES); ρ is
+    the share of each layer's units (activation, contrast) or of the layers (layers, layers_contrast)."""
     if not 0 < rho <= 1:
         raise UserError(f"rho must be in (0, 1], got {rho}")
-    if by not in ("activation", "contrast"):
-        raise UserError(f"--by must be activation or contrast, got {by!r}")
+    if by not in RULES:
+        raise UserError(f"unknown CAPO partition rule {by!r}; choose one of {', '.join(RULES)}")
     if units not in UNITS:
         raise UserError(f"unknown CAPO units {units!r}; choose one of {', '.join(UNITS)}")
     probe = probe_set(samples, threshold)
@@ -184,8 +216,7 @@ def build_partition(model, samples: list[Sample], rho: float = 0.25, by: str = "
     parts = {}
     kinds = ("", "_heads") if units == "heads_mlp" and "action_heads" in stats else ("",)
     for kind in kinds:
-        a, b = stats["action" + kind], stats["args" + kind]
-        parts[kind] = (top_units(a - b, rho), top_units(b - a, rho)) if by == "contrast" else (top_units(a, rho), top_units(b, rho))
+        parts[kind] = class_masks(stats["action" + kind], stats["args" + kind], rho, by)
     act, args = parts[""]
     report = {
         "probe_samples": len(probe),
@@ -193,7 +224,8 @@ def build_partition(model, samples: list[Sample], rho: float = 0.25, by: str = "
         "by": by,
         "units": units,
         "importance": {"action": layer_importance(stats["action"]), "args": layer_importance(stats["args"])},
-        "overlap_per_layer": ((act & args).sum(1).float() / act.sum(1).float()).tolist(),
+        # a layer the action partition leaves out (the layer rules) overlaps nowhere: 0, not 0/0
+        "overlap_per_layer": ((act & args).sum(1).float() / act.sum(1).clamp(min=1).float()).tolist(),
         "units_per_layer": int(act.size(1)),
     }
     names = [n for n, _ in mlp_modules(model)]

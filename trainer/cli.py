@@ -42,9 +42,12 @@ def register(app: typer.Typer) -> None:
         samples: Path = typer.Argument(..., help="Compiled samples directory (the probe set is taken from it)."),
         model: str = typer.Option(..., "--model", help="Model directory."),
         out: Path = typer.Option(Path("partition.pt"), "--out", help="Partition file; .json and .png are written beside it."),
-        rho: float = typer.Option(0.25, "--rho", help="Fraction of each layer's MLP units and attention heads in each partition."),
+        rho: float = typer.Option(0.25, "--rho", help="Fraction of each layer's MLP units and attention heads in each "
+                                  "partition (rules activation, contrast), or of the layers (layers, layers_contrast)."),
         units: str = typer.Option("heads_mlp", "--units", help="heads_mlp (attention heads and MLP units) | mlp (MLP units only)."),
-        by: str = typer.Option("activation", "--by", help="activation | contrast (a_act − a_args)"),
+        by: str = typer.Option("activation", "--by", help="layers (whole layers by layer-wise importance, the paper's) | "
+                               "layers_contrast | activation (top units of every layer; a departure) | contrast "
+                               "(by a_act − a_args). `train --capo-rule` takes the same."),
         threshold: Optional[float] = typer.Option(None, "--threshold", help="Probe rollouts with outcome ≥ this (default: group best and > 0)."),
     ) -> None:
         """Compute CAPO's action/args partitions (attention heads and MLP units) and the layer-wise importance plot."""

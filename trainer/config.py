@@ -21,6 +21,7 @@ TIS_LEVELS = ("token", "sequence")
 ICEPOP_BAND = (0.5, 5.0)  # IcePop's [α, β] (Ling team, Ring-1T)
 CAPO_UNITS = ("heads_mlp", "mlp")
 CAPO_REMAINDERS = ("shared", "leak")
+CAPO_RULES = ("activation", "contrast", "layers", "layers_contrast")  # trainer/capo_partition.py RULES, without torch
 OVER_LENGTH = ("truncate", "skip")
 # the help panels of `harnessrl train` (a flagged field is an option; the others are set in the YAML --config)
 TRAINING, LONG, PUSH, CAPO, PACT, LOGGING = "Training", "Long samples", "Push", "CAPO", "PACT", "Logging"
@@ -119,7 +120,13 @@ class TrainConfig:
                                    "this run's successful rollouts and saved there (or by capo-partition).")
     # file absent: made from this run's successful rollouts and saved there; no success: an unrouted run
     capo_partition_refresh: bool = False  # rebuild the partition even when the file exists
-    capo_rho: float = 0.25  # fraction of each layer's units (and heads) in a partition, when one is built
+    # how a partition is built from the probe statistics (docs/methods.md §6.2 step 3; trainer/capo_partition.py
+    # RULES). None: activation when this run builds one, and a loaded file's own rule is taken as it is;
+    # set, a loaded file made by another rule is refused
+    capo_rule: str | None = option(
+        None, panel=CAPO, help="CAPO partition rule: layers (whole layers by layer-wise importance, the paper's) | "
+        "layers_contrast | activation (top units of every layer, the default: a departure) | contrast.")
+    capo_rho: float = 0.25  # share of each layer's units and heads (activation, contrast) or of the layers (layers rules)
     capo_units: str = "heads_mlp"  # heads_mlp: attention heads and MLP units of every layer; mlp: MLP units only
     # shared: parameters in neither partition get both types' gradient; leak: they get γ of each (the earlier rule)
     capo_remainder: str = "shared"
@@ -192,6 +199,8 @@ class TrainConfig:
             raise UserError(f"tis_low must be in [0, 1] (an on-policy token weighs 1), got {low}")
         if self.ratio_to not in RATIO_TO:
             raise UserError(f"unknown ratio_to {self.ratio_to!r}; choose one of {', '.join(RATIO_TO)}")
+        if self.capo_rule is not None and self.capo_rule not in CAPO_RULES:
+            raise UserError(f"unknown capo_rule {self.capo_rule!r}; choose one of {', '.join(CAPO_RULES)}")
         if self.capo_units not in CAPO_UNITS or self.capo_remainder not in CAPO_REMAINDERS:
             raise UserError(f"capo_units must be one of {', '.join(CAPO_UNITS)} and capo_remainder one of {', '.join(CAPO_REMAINDERS)}")
         if not 0.0 <= self.capo_gamma <= 1.0 or not 0.0 < self.capo_rho <= 1.0:
