@@ -99,6 +99,11 @@ def test_cli_train_with_yaml_config_and_errors(samples, tiny_model_dir, tmp_path
         (("train", str(samples), "--model", str(tmp_path)), "not a model directory"),
         (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "capo"), "needs --partition"),
         (("train", str(samples), "--model", str(tiny_model_dir), "--loss-agg", "sum"), "unknown --loss-agg"),
+        # CAPO's terms are per-class means: an aggregation it would ignore is refused, not dropped silently
+        (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "capo", "--partition", str(tmp_path / "p.pt"),
+          "--loss-agg", "seq_mean"), "--loss-agg seq_mean does not apply to --algo capo"),
+        (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "capo", "--partition", str(tmp_path / "p.pt"),
+          "--loss-agg", "token_mean"), "does not apply to --algo capo"),
         (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "pact", "--pact-gate", "round"), "unknown pact_gate"),
         (("train", str(samples), "--model", str(tiny_model_dir), "--algo", "pact", "--pact-schedule-steps", "0"), "pact_schedule_steps"),
     ]

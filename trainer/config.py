@@ -59,11 +59,12 @@ class TrainConfig:
     epsilon_high: float | None = None  # ε_hi; None = ε_lo
     beta: float | None = option(  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
         None, panel=TRAINING, help="KL coefficient to the reference model.")
-    # over the whole optimizer step (trainer/normalise.py); None: the algorithm's paper's, from its
-    # registry entry (grpo, capo token_mean; matpo rollout_mean; pact prompt_mean)
+    # over the whole optimizer step (trainer/normalise.py); None: the algorithm's registry entry (matpo
+    # rollout_mean, pact prompt_mean: their papers'; grpo token_mean: a choice, docs/methods.md §6.1)
     loss_agg: str | None = option(
-        None, panel=TRAINING, help="token_mean | seq_mean | rollout_mean | prompt_mean (default: the algorithm's "
-        "paper's: rollout_mean for matpo, prompt_mean for pact, token_mean otherwise).")
+        None, panel=TRAINING, help="token_mean | seq_mean | rollout_mean | prompt_mean (default: rollout_mean for matpo "
+        "and prompt_mean for pact, their papers'; token_mean for grpo, a choice: GRPO's paper averages per sequence, "
+        "seq_mean). Refused for capo, whose terms are per-class means.")
     temperature: float = 1.0  # the sampling temperature the behaviour log-probs were computed at
     # the behaviour weight π_old/π_behaviour with the recorded sampling log-probs (docs/methods.md §6.5):
     # the asynchronous loop's correction for tokens sampled by older weights, and for the inference
@@ -214,6 +215,10 @@ class TrainConfig:
             raise UserError(f"negative_weight must be in [0, 1], got {self.negative_weight}")
         if self.pact_gate not in PACT_GATES:
             raise UserError(f"unknown pact_gate {self.pact_gate!r}; choose one of {', '.join(PACT_GATES)}")
+        if self.algo == "capo" and self.loss_agg is not None:
+            # capo.py weighs each term by its own class's token count, so no --loss-agg would be applied
+            raise UserError(f"--loss-agg {self.loss_agg} does not apply to --algo capo: its action, args and other terms are "
+                            "each a mean over their own class's tokens (docs/methods.md §6.2); leave it unset")
         if self.algo == "capo" and not self.partition:
             raise UserError("--algo capo needs --partition FILE (loaded if it exists; else made from the run's successful "
                             "rollouts and saved there; or make one with `harnessrl capo-partition`)")
