@@ -20,7 +20,9 @@ class Algorithm:
     name: str
     advantage: str  # the compiler's advantage estimator (docs/methods.md, Advantages)
     train_agents: str  # central | all | comma-separated agent names
-    loss_agg: str  # the trainer's default loss aggregation: the paper's (docs/methods.md, Loss aggregation)
+    # the trainer's default loss aggregation (docs/methods.md, Loss aggregation): the paper's for matpo
+    # and pact; for grpo a choice (its paper averages per sequence, seq_mean; docs/methods.md §6.1)
+    loss_agg: str
     summary: str
     # the compiler's process rewards (docs/methods.md §4) that the paper's objective uses beside the
     # outcome; () for an outcome-only paper. `--process` replaces them (`--process none`: outcome only).
@@ -31,7 +33,10 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("grpo", "grpo", "central", "token_mean", "clipped surrogate on the group-normalised outcome (baseline)"),
+    # token_mean and β = 0 (trainer/config.py kl_beta) are this project's choices, not DeepSeekMath's GRPO
+    # (per-sequence mean, a KL term): the baseline is the plain clipped surrogate (docs/methods.md §6.1)
+    Algorithm("grpo", "grpo", "central", "token_mean", "clipped surrogate on the group-normalised outcome (baseline; "
+              "token mean and no KL by choice, the paper's: --loss-agg seq_mean --beta 0.04)"),
     # Harness-RL "combines rollout-level outcome rewards with decision-level process rewards"; it names
     # no process function, so the two the interface records alone can score per decision: the call as
     # written (tool exists, arguments fit its schema: the action and the args) and as dispatched (the

@@ -57,8 +57,11 @@ class TrainConfig:
     epsilon: float = option(  # ε_lo
         0.2, panel=TRAINING, help="Clip ε (low; high too unless set in the config).")
     epsilon_high: float | None = None  # ε_hi; None = ε_lo
-    beta: float | None = option(  # KL coefficient; None = 0 (grpo/capo/matpo) or 0.001 (pact)
-        None, panel=TRAINING, help="KL coefficient to the reference model.")
+    # KL coefficient; None = 0 (grpo: a choice, its paper has a KL term; capo; matpo: its objective has
+    # none) or 0.001 (pact, its paper's)
+    beta: float | None = option(
+        None, panel=TRAINING, help="KL coefficient to the reference model (default 0, and 0.001 for pact, its "
+        "paper's; for grpo 0 is a choice: DeepSeekMath's GRPO has a KL term).")
     # over the whole optimizer step (trainer/normalise.py); None: the algorithm's registry entry (matpo
     # rollout_mean, pact prompt_mean: their papers'; grpo token_mean: a choice, docs/methods.md §6.1)
     loss_agg: str | None = option(
