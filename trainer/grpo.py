@@ -25,6 +25,7 @@ from harnessrl.trainer.diagnostics import Diagnostics, masked_sums
 from harnessrl.trainer.losses import behaviour_weight, clipped_surrogate, clipped_tokens, k3_kl, mismatch_kl
 from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
+from harnessrl.trainer.progress import show_progress
 from harnessrl.trainer.steps import StepPlan
 from harnessrl.trainer.trl_private import TESTED, drift, log_metric, reference_from, step_counter, text_tokenizer, trl_version
 
@@ -137,6 +138,7 @@ class HarnessTrainer(GRPOTrainer):
             )
         if self.ref_model is not None:
             use_packed_attention(self.ref_model)
+        show_progress(self)
         if self.accelerator.num_processes != world:
             raise UserError(f"WORLD_SIZE is {world} but accelerate runs {self.accelerator.num_processes} process(es)")
         problems = drift(self)

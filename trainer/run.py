@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,8 @@ def train(cfg: TrainConfig) -> RunResult:
 
     version = cfg.version or broadcast_object_list([new_version(cfg.algo)])[0]  # one name on every rank
     path = save_checkpoint(trainer, cfg.out, version)
+    if trainer.accelerator.is_main_process:  # every step's metrics in full (the console shows a bar, trainer/progress.py)
+        (path / "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=1) + "\n")
     save_optimizer_state(trainer, path)
     pushed = False
     if cfg.push and trainer.accelerator.is_main_process:
