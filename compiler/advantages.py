@@ -31,7 +31,9 @@ class AdvantageConfig:
     proc_norm: str = "index"  # harness: normalise units with the same agent and index | "all" the group's units
     matpo_acc: float = 0.9  # matpo: R = acc_w·acc + fmt_w·(½ fmt_p + ½ fmt_w)
     matpo_fmt: float = 0.1
-    matpo_norm: str = "turns"  # matpo: the group is the G×(T+1) planner and worker rollouts | "planner": the G
+    # matpo: "planner" (the paper's: Â among the G planner rollouts, broadcast to their workers) | "turns"
+    # (departure: the G×(T+1) planner and worker rollouts, rollout i counted 1 + T_i times)
+    matpo_norm: str = "planner"
     gamma: float = 0.9  # matchtir discount
     alpha: float = 1.0  # matchtir: 1 (paper) or 0.5 (reference code)
     lambda_pen: float = 0.0  # matchtir: reward of an unmatched predicted call is −λ_pen
@@ -139,10 +141,11 @@ def matpo(acc: dict[str, float], fmt_planner: dict[str, float], fmt_workers: dic
           groups: dict[str, str], cfg: AdvantageConfig = AdvantageConfig(), counts: Counter | None = None,
           n_workers: dict[str, int] | None = None) -> dict[str, float]:
     """One scalar per rollout; the caller broadcasts it to the planner's and the workers' samples
-    of that rollout. `matpo_norm="turns"` (the paper's "normalizes across G×(T+1) rollouts"):
-    mean and std over the group's planner rollouts and their worker rollouts, each worker
-    rollout carrying its planner's reward, so rollout i weighs 1 + T_i (`n_workers`, default
-    `len(fmt_workers[e])`); `"planner"`: over the G planner rollouts alone."""
+    of that rollout. `matpo_norm="planner"` (the paper's objective and Implementation paragraph: Â
+    "among G full rollouts", "among the group of planner-agent rollouts"): over the G planner
+    rollouts. `"turns"` (a departure, from a loose summary sentence, "G×(T+1) rollouts"): mean and
+    std over the planner rollouts and their worker rollouts, each worker rollout carrying its
+    planner's reward, so rollout i weighs 1 + T_i (`n_workers`, default `len(fmt_workers[e])`)."""
     rewards = {e: matpo_reward(acc[e], fmt_planner[e], fmt_workers.get(e, []), cfg) for e in acc}
     if cfg.matpo_norm == "planner":
         return grpo(rewards, groups, cfg, counts)

@@ -73,29 +73,34 @@ def test_matpo_reward_and_planner_group_normalisation():
     assert adv.matpo_reward(0.0, 0.5, []) == pytest.approx(0.025)
     acc, fmt_p = {"e1": 1.0, "e2": 0.0, "e3": 1.0}, {"e1": 1.0, "e2": 0.5, "e3": 0.0}
     fmt_w, groups = {"e1": [1.0, 0.5], "e3": [0.0]}, {"e1": "g", "e2": "g", "e3": "g"}
-    # the paper's group, G×(T+1): e1 with 2 workers counts 3 times, e2 (none) once, e3 twice:
-    # [.9875 ×3, .025, .9 ×2]: mean 4.7875/6 = .7979167, deviations .1895833 −.7729167 .1020833,
-    # squares ×3, ×1, ×2: .1078255 + .5974002 + .0208420 = .7260677, sample var /5 = .1452135, std .3810690
+    # the default, the paper's group: the G planner rollouts ("among G full rollouts")
     a = adv.matpo(acc, fmt_p, fmt_w, groups)
-    assert a["e1"] == pytest.approx(0.1895833 / 0.3810690, abs=1e-5)  # 0.497500
-    assert a["e2"] == pytest.approx(-0.7729167 / 0.3810690, abs=1e-5)  # -2.028283
-    assert a["e3"] == pytest.approx(0.1020833 / 0.3810690, abs=1e-5)  # 0.267887
-    # option matpo_norm="planner" (this project's earlier rule): over the G planner rollouts only
-    a = adv.matpo(acc, fmt_p, fmt_w, groups, adv.AdvantageConfig(matpo_norm="planner"))
+    assert adv.AdvantageConfig().matpo_norm == "planner"
     # R = [0.9875, 0.025, 0.9]: mean 0.6375, deviations .35 -.6125 .2625,
     # sample var (.1225 + .37515625 + .06890625)/2 = .28328125, std .532242
     assert a["e1"] == pytest.approx(0.35 / 0.532242, abs=1e-5)  # 0.657596
     assert a["e2"] == pytest.approx(-0.6125 / 0.532242, abs=1e-5)  # -1.150792
     assert a["e3"] == pytest.approx(0.2625 / 0.532242, abs=1e-5)  # 0.493197
+    # option matpo_norm="turns" (a departure): G×(T+1), e1 with 2 workers counts 3 times, e2 (none)
+    # once, e3 twice: [.9875 ×3, .025, .9 ×2]: mean 4.7875/6 = .7979167, deviations .1895833
+    # −.7729167 .1020833, squares ×3, ×1, ×2: .1078255 + .5974002 + .0208420 = .7260677, sample var
+    # /5 = .1452135, std .3810690
+    a = adv.matpo(acc, fmt_p, fmt_w, groups, adv.AdvantageConfig(matpo_norm="turns"))
+    assert a["e1"] == pytest.approx(0.1895833 / 0.3810690, abs=1e-5)  # 0.497500
+    assert a["e2"] == pytest.approx(-0.7729167 / 0.3810690, abs=1e-5)  # -2.028283
+    assert a["e3"] == pytest.approx(0.1020833 / 0.3810690, abs=1e-5)  # 0.267887
 
 
 def test_matpo_turns_group_weighs_a_rollout_by_its_worker_count():
     # R = (1, 0); e1 dispatched 2 workers, e2 none: the group is [1, 1, 1, 0], mean .75,
     # sample std √((3·.0625 + .5625)/3) = .5: A = (1 − .75)/.5 = +0.5 and (0 − .75)/.5 = −1.5
     # (over the 2 planner rollouts alone it would be ±0.7071)
-    cfg = adv.AdvantageConfig(matpo_acc=1.0, matpo_fmt=0.0)
+    cfg = adv.AdvantageConfig(matpo_acc=1.0, matpo_fmt=0.0, matpo_norm="turns")
     a = adv.matpo({"e1": 1.0, "e2": 0.0}, {"e1": 1.0, "e2": 1.0}, {"e1": [1.0, 1.0]}, {"e1": "g", "e2": "g"}, cfg)
     assert (a["e1"], a["e2"]) == (pytest.approx(0.5, abs=1e-5), pytest.approx(-1.5, abs=1e-5))
+    planner = adv.matpo({"e1": 1.0, "e2": 0.0}, {"e1": 1.0, "e2": 1.0}, {"e1": [1.0, 1.0]}, {"e1": "g", "e2": "g"},
+                        adv.AdvantageConfig(matpo_acc=1.0, matpo_fmt=0.0))
+    assert (planner["e1"], planner["e2"]) == (pytest.approx(0.70711, abs=1e-5), pytest.approx(-0.70711, abs=1e-5))
     # equal worker counts: the mean is the planners' and only the std's degrees of freedom differ,
     # population std the same: R = (1, 0), one worker each → [1, 1, 0, 0], std .5 → ±1 either way
     pop = adv.AdvantageConfig(matpo_acc=1.0, matpo_fmt=0.0, std="population")

@@ -161,14 +161,13 @@ def test_matpo_format_terms_are_success_rates_against_the_schema(tmp_path, tiny_
     rec.rollout("C", "t", "g", reward=0.0)
     planner("C", [ok, "<answer>Nice</answer>"])
     worker("C", "s3", [search_ok, "<tool_call>\n{not json\n</tool_call>"])
-    # R = [0.958333, 0, 0.075] over the paper's group G×(T+1): A with 2 workers counts 3 times, B
-    # once, C (1 worker) twice: sum 2.875 + 0 + 0.15 = 3.025 over 6, mean .504167, deviations
-    # .454167 −.504167 −.429167, squares ×3 ×1 ×2: .618802 + .254184 + .368368 = 1.241354, sample
-    # var /5 = .248271, std .498268 → A = .911489, −1.011837, −.861315 (÷ std + 1e-6), broadcast to
-    # planner and workers. (Over the 3 planner rollouts alone, matpo_norm: planner, it was
-    # 1.151837, −0.646279, −0.505557.)
+    # R = [0.958333, 0, 0.075] over the paper's group, the 3 planner rollouts: mean .344444,
+    # deviations .613889 −.344444 −.269444, sample var (.376860 + .118642 + .072600)/2 = .284051,
+    # std .532965 → A = 1.151837, −0.646279, −0.505557, broadcast to planner and workers. (Over
+    # G×(T+1), matpo_norm: turns — A with 2 workers counts 3 times, B once, C twice — it is
+    # .911489, −1.011837, −.861315.)
     _, samples = compile_(db, tmp_path / "out", tiny_model_dir, advantage="matpo", train_agents="all")
-    want = {"A": 0.911489, "B": -1.011837, "C": -0.861315}
+    want = {"A": 1.151837, "B": -0.646279, "C": -0.505557}
     for sid, s in samples.items():
         assert trained_advantages(s) == pytest.approx([want[s["rollout_id"]]], abs=2e-5), sid
     assert {s["rollout_id"] for s in samples.values()} == {"A", "B", "C"}
@@ -189,7 +188,7 @@ def test_adv_config_file_and_flags_reach_stats(tmp_path, tiny_model_dir, tok, mo
     assert code == 0, err
     stats = json.loads((out / "stats.json").read_text())
     assert stats["options"]["adv_config"] == {"std": "population", "eps": 0.5, "lambda_proc": 0.3, "proc_norm": "index",
-                                              "matpo_acc": 0.9, "matpo_fmt": 0.1, "matpo_norm": "turns",
+                                              "matpo_acc": 0.9, "matpo_fmt": 0.1, "matpo_norm": "planner",
                                               "gamma": 0.8, "alpha": 0.5,
                                               "lambda_pen": 0.2, "singleton": "raw"}
     # [1, 0, 0]: mean 1/3, population std √(2/9) = 0.471405; a = (2/3)/(0.471405 + 0.5) = 0.686292

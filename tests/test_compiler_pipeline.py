@@ -238,12 +238,11 @@ def test_compile_outcome_function_and_matpo(fixture_db, tmp_path, tiny_model_dir
     # r3 "Done." vs no task reference = 0
     assert (per["r1"]["outcome"], per["r2"]["outcome"], per["r3"]["outcome"]) == (1.0, 0.0, 0.0)
     # matpo: r1 R = 0.9 + 0.1·(0.5·1 + 0.5·1) = 1.0; r2 R = 0.1·0.5·mean(0, 1, 1) = 0.0333; the
-    # paper's group G×(T+1): r1 with its 2 workers counts 3 times, r2 (none) once. Two values x, y
-    # counted 3 and 1 times (d = x − y): mean y + ¾d, deviations d/4 and −¾d, sample var (3d²/16 +
-    # 9d²/16)/3 = d²/4 → A = (d/4)/(d/2) = +0.5 for r1, broadcast to the workers' samples too
+    # paper's group, the 2 planner rollouts: two values, A = ±1/√2, +0.70711 for r1, broadcast to the
+    # workers' samples too (matpo_norm: turns counts r1 3 times with its 2 workers: +0.5)
     for sid in ("r1/agent:planner/p1", "r1/session:s1/w0", "r1/session:s2/v0"):
         s = samples[sid]
-        assert np.allclose([a for a, m in zip(s["advantage"], s["loss_mask"]) if m], 0.5, atol=1e-5)
+        assert np.allclose([a for a, m in zip(s["advantage"], s["loss_mask"]) if m], 0.70711, atol=1e-5)
 
 
 def test_compile_matchtir(fixture_db, tmp_path, tiny_model_dir):
