@@ -250,9 +250,10 @@ def test_mismatch_in_the_loop_tables_and_the_viewer(tmp_path):
 @pytest.mark.unit
 def test_pact_trace_rows_are_left_out_of_the_mismatch(tmp_path, tiny_model_dir):
     # PACT's trace rows (z = 0) score logp_old under c^h = [x; h*] while the server sampled their tokens
-    # under x: their gap is the privileged block's effect, not the engine's, so the mismatch metrics
-    # skip them (the behaviour gap, which reports how far π_old lies from the sampling policy, keeps
-    # them). q = 0: every row a trace row → no mismatch logged; q = 1: every row an anchor → the k3
+    # under x: their gap is the privileged block's effect, not the engine's, so the rows carry no
+    # behaviour log-prob (w = 1 under tis) and every behaviour and mismatch metric skips them; they
+    # count as unknown. q = 0: every row a trace row → no gap and no mismatch logged, unknown_frac 1;
+    # q = 1: every row an anchor → the k3
     # mean over all trained tokens, each with logp_behaviour = −2 (the fixture's): mean(e^d − d − 1),
     # d = logp_old + 2, logp_old the step-0 log-probs.
     from trainer_fixtures import tiny_samples
@@ -263,7 +264,7 @@ def test_pact_trace_rows_are_left_out_of_the_mismatch(tmp_path, tiny_model_dir):
     tr = make_trainer(PactTrainer, tiny_model_dir, d, algo="pact", pact_q=0.0, beta=0.0)
     tr.objective(tr.model, tr.fixed_batch())
     got = logged(tr)
-    assert "behaviour/abs_gap" in got and "mismatch/kl" not in got
+    assert "behaviour/abs_gap" not in got and "mismatch/kl" not in got and got["behaviour/unknown_frac"] == 1.0
     tr = make_trainer(PactTrainer, tiny_model_dir, d, algo="pact", pact_q=1.0, beta=0.0)
     batch = tr.fixed_batch()
     assert bool((batch["gate"] == 1).all())

@@ -34,6 +34,41 @@ def test_privileged_context_keeps_rollout_tokens(samples, tiny_model_dir):
     assert "The tool call would be" not in text  # explicit call previews are never revealed
 
 
+def test_trace_rows_weigh_one_under_tis(samples, tiny_model_dir):
+    """A c^h row's tokens were sampled under x, its logp_old is scored under c^h: no behaviour log-prob,
+    so the TIS weight is 1 there and the row is out of the behaviour gap; an anchor row is unchanged."""
+    from harnessrl.trainer.losses import behaviour_weight
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    s = load_samples(samples).samples[0]
+    pos = user_message_end(tok, s.input_ids, s.prompt_len)
+    t = trace_sample(s, tok("Reference trace", add_special_tokens=False)["input_ids"], pos)
+    assert any(not math.isnan(v) for v in s.behaviour_logprob)  # the rollout recorded its log-probs …
+    assert all(math.isnan(v) for v in t.behaviour_logprob)  # … which its c^h row drops, every token
+    # Hand-worked (§6.5's worked case): logp_old = (−1.0, −0.5, −2.0), logp_behaviour = (−1.2, −1.5, −1.7),
+    # truncate at C = 2: the anchor row's w = (e^0.2, min(e^1, 2), e^−0.3) = (1.2214, 2, 0.7408);
+    # the same tokens in a trace row (behaviour NaN): w = (1, 1, 1), nothing cut
+    old = torch.tensor([[-1.0, -0.5, -2.0], [-1.0, -0.5, -2.0]])
+    behaviour = torch.tensor([[-1.2, -1.5, -1.7], [math.nan] * 3])
+    w, cut = behaviour_weight(old, behaviour, 2.0)
+    assert w[0].tolist() == pytest.approx([1.2214, 2.0, 0.7408], abs=1e-4) and w[1].tolist() == [1.0, 1.0, 1.0]
+    assert cut.tolist() == [[False, True, False], [False, False, False]]
+    # Through the trainer with tis on (as `loop --async` sets it): at ratio 1 and β = 0 each token's
+    # loss is −w·A; trace rows −A exactly, anchor rows −min(e^(logp_old + 2), 2)·A (logp_behaviour −2)
+    tr = make_trainer(PactTrainer, tiny_model_dir, samples, algo="pact", pact_q=0.5, beta=0.0, tis=True)
+    batch = tr.fixed_batch()
+    g = batch["gate"]
+    assert 0 < float(g.sum()) < len(g)  # both kinds of row in the batch
+    logps = start_logps(tr, batch)
+    with torch.no_grad():
+        loss, old = tr.per_token_loss(logps, {**batch, "old_per_token_logps": logps})
+    m, adv, b = batch["loss_mask"] > 0, batch["advantages"], batch["behaviour_logps"]
+    trace, anchor = m & (g[:, None] == 0), m & (g[:, None] == 1)
+    assert torch.isnan(b[trace]).all() and not torch.isnan(b[anchor]).any()
+    assert torch.allclose(loss[trace], -adv[trace], atol=1e-6)
+    assert torch.allclose(loss[anchor], -(old[anchor] + 2.0).exp().clamp(max=2.0) * adv[anchor], atol=1e-6)
+
+
 def test_sft_weights_by_component(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     text = tok.apply_chat_template([{"role": "user", "content": "Find alpha"}], add_generation_prompt=True, tokenize=False)

@@ -126,7 +126,12 @@ def user_message_end(tokenizer, ids: list[int], prompt_len: int) -> int | None:
 
 
 def trace_sample(s: Sample, block_ids: list[int], pos: int) -> Sample:
-    """The same sample under c^h: `block_ids` inserted at `pos` (inside the prompt), nothing else changed."""
+    """The same sample under c^h: `block_ids` inserted at `pos` (inside the prompt), its tokens and
+    advantages unchanged. The behaviour log-probs are dropped (NaN) on every token, not only on the
+    block: the rollout's tokens were sampled under x, while logp_old is scored under c^h, so
+    π_old(y|c^h)/π_behaviour(y|x) is a ratio between two contexts, not a staleness correction. With
+    no recorded log-prob a token weighs w = 1 under `tis` and is left out of behaviour/abs_gap and the
+    mismatch metrics (docs/methods.md §6.5), as for any token the server sent none for."""
     n = len(block_ids)
 
     def ins(values: list, fill: Any) -> list:
@@ -138,7 +143,7 @@ def trace_sample(s: Sample, block_ids: list[int], pos: int) -> Sample:
         loss_mask=ins(s.loss_mask, 0),
         token_class=ins(s.token_class, 0),
         advantage=ins(s.advantage, 0.0),
-        behaviour_logprob=ins(s.behaviour_logprob, math.nan),
+        behaviour_logprob=[math.nan] * (len(s.behaviour_logprob) + n),
         prompt_len=s.prompt_len + n,
     )
 
@@ -310,7 +315,9 @@ class PactTrainer(HarnessTrainer):
 
     def sampled_context_rows(self, inputs):
         # a trace row (z = 0) is scored under c^h, its tokens were sampled under x: its logp_old −
-        # logp_behaviour is the privileged block's effect, not the engine's mismatch (§6.5)
+        # logp_behaviour would be the privileged block's effect, not the engine's mismatch (§6.5).
+        # trace_sample already drops its behaviour log-probs; this keeps the rows out of the metrics
+        # should a row ever carry them
         return inputs["gate"]
 
     def objective(self, model, inputs):
