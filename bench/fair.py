@@ -15,8 +15,9 @@ one seed, one torch thread; `--jobs` of them at once):
 3. report: every (family, algorithm) at its chosen lr on the `--seeds` (disjoint from the tuning
    seeds, so the choice cannot fit their noise), evaluated on the held-out tasks;
 4. analyse: per family, each algorithm against `--baseline` paired by seed (the same seed's
-   warm start under both), a t-interval of the per-seed differences and its p-value, Holm-adjusted
-   over every comparison reported; per-seed tables; and each paper's claim on its own family:
+   warm start under both), a t-interval of the per-seed differences and its p-value (the t-test, or
+   `--test sign-flip`: the exact paired sign-flip test; `--alternative greater`: one-sided, for the
+   papers' directional claims), Holm-adjusted over every comparison reported; per-seed tables; and each paper's claim on its own family:
    holds (adjusted p < 0.05, above the baseline), fails (below), or not shown.
 
 Every finished run is a line of the ledger (`--ledger`, committed to the repository: a benchmark
@@ -42,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_stats import holm, paired_test  # noqa: E402
+from learning_stats import holm, paired_test, sign_flip_test  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 
@@ -102,6 +103,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("bench-out/fair"))
     ap.add_argument("--ledger", type=Path, default=BENCH / "results" / "fair.jsonl")
     ap.add_argument("--report-only", action="store_true")
+    # the test of each comparison, to be fixed before the runs: the t-test (the default, as the report
+    # has used) or the exact paired sign-flip test, which assumes no normality of quantised rates;
+    # `greater` is the one-sided test of a directional claim (the method above the baseline)
+    ap.add_argument("--test", choices=("t", "sign-flip"), default="t")
+    ap.add_argument("--alternative", choices=("two-sided", "greater"), default="two-sided")
     ap.add_argument("extra", nargs="*", help="after --: more bench/learning.py flags, the same for every run "
                     f"(after the benchmark's own: {' '.join(RUN)}, and FAMILY_RUN's)")
     args = ap.parse_args(argv)
@@ -226,8 +232,11 @@ def comparisons(args, ledger: Ledger) -> list[dict]:
             if len(seeds) < 2:
                 continue
             diffs = [runs[algo][s]["after"] - runs[args.baseline][s]["after"] for s in seeds]
-            mean, lo, hi, p = paired_test(diffs)
+            mean, lo, hi, p = paired_test(diffs, args.alternative)
+            if args.test == "sign-flip":
+                p = sign_flip_test(diffs, args.alternative)
             out.append({"family": family, "algo": algo, "seeds": seeds, "diffs": diffs, "mean": mean,
+                        "alternative": args.alternative,
                         "lo": lo, "hi": hi, "p": p, "lr": lrs[algo], "baseline_lr": lrs[args.baseline]})
     for c, adj in zip(out, holm([c["p"] for c in out])):
         c["p_holm"] = adj
@@ -235,7 +244,8 @@ def comparisons(args, ledger: Ledger) -> list[dict]:
 
 
 def verdict(c: dict) -> str:
-    if c["p_holm"] < 0.05:
+    # a one-sided p small says "above"; its test could not have said "below"
+    if c["p_holm"] < 0.05 and (c.get("alternative", "two-sided") == "two-sided" or c["mean"] > 0):
         return "above" if c["mean"] > 0 else "below"
     return "not separated"
 
@@ -259,7 +269,8 @@ def report(args, ledger: Ledger, console: Console) -> None:
             table.add_row(str(s), *(() if own else (f"{next(iter(rows[s].values()))['before']:.3f}",)), *cells)
         console.print(table)
     cs = comparisons(args, ledger)
-    table = Table(title=f"each algorithm − {args.baseline}, paired by seed: mean [95% t-interval], p, Holm-adjusted p "
+    test = "" if (args.test, args.alternative) == ("t", "two-sided") else f" ({args.test} test, {args.alternative})"
+    table = Table(title=f"each algorithm − {args.baseline}, paired by seed: mean [95% t-interval], p{test}, Holm-adjusted p "
                         f"over the {len(cs)} comparisons")
     for col in ("family", "algorithm", "seeds", "mean difference", "p", "p (Holm)", "verdict"):
         table.add_column(col)

@@ -184,6 +184,30 @@ def test_the_report_pairs_by_seed_and_corrects_over_the_comparisons(tmp_path):
     assert json.loads(Path(args.ledger).read_text().splitlines()[0])["stage"] == "tune"
 
 
+def test_the_report_can_use_the_exact_one_sided_sign_flip_test(tmp_path):
+    from rich.console import Console
+
+    fair = _load("fair")
+    args = _args(fair, tmp_path, "--families", "capo-multihop", "--algos", "grpo,capo", "--test", "sign-flip",
+                 "--alternative", "greater")
+    ledger = fair.Ledger(args.ledger)
+    _tuned(fair, args, ledger)
+    for algo, values in {"grpo": [0.50, 0.55, 0.60], "capo": [0.60, 0.66, 0.69]}.items():
+        for seed, v in zip(args.seeds, values):
+            ledger.add(_line(fair, "report", "capo-multihop", algo, 1e-4, seed, 0.2, v))
+    (c,) = fair.comparisons(args, ledger)
+    # diffs 0.10, 0.11, 0.09, all above: the t-test's p 0.00332 two-sided, but the exact one-sided
+    # sign-flip p is 1/2³ = 0.125, its floor on 3 seeds: the claim is not shown
+    assert c["p"] == pytest.approx(0.125) and c["p_holm"] == pytest.approx(0.125)
+    assert fair.verdict(c) == "not separated"
+    console = Console(record=True, width=200)
+    fair.report(args, ledger, console)
+    text = console.export_text()
+    assert "(sign-flip test, greater)" in text and "capo's claim (above grpo on capo-multihop): not shown" in text
+    # one-sided: a small p below the baseline can never read as "below"
+    assert fair.verdict({"p_holm": 0.01, "mean": -0.2, "alternative": "greater"}) == "not separated"
+
+
 def test_a_family_s_fingerprint_covers_its_own_modules_only(tmp_path):
     """A change to matpo-delegate's noisy tools starts its runs again and keeps the other families'."""
     import shutil
