@@ -45,6 +45,10 @@ class TrainConfig:
     max_sample_tokens: int | None = option(  # longer samples are truncated or skipped (over_length); None: no limit
         None, panel=LONG, help="Truncate longer samples to this many tokens (or skip them: --over-length skip).")
     over_length: str = option("truncate", panel=LONG, help="truncate | skip (with --max-sample-tokens)")
+    # each prefix that a micro-batch's samples share (a group's prompt, a session's history, an agent's
+    # system prompt) computed once for all of them (trainer/prefix_tree.py); exact, so on by default
+    shared_prefix: bool = option(True, "--shared-prefix/--no-shared-prefix", panel=LONG,
+                                 help="Compute each prefix that samples of a micro-batch share once (exact).")
     lr: float = option(1e-6, panel=TRAINING, help="Learning rate.")
     weight_decay: float = 0.0
     # transformers' `optim` (adamw_torch, sgd, ...). Adam moves every parameter by about lr at a round's

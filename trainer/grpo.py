@@ -25,6 +25,7 @@ from harnessrl.trainer.diagnostics import Diagnostics, masked_sums
 from harnessrl.trainer.losses import behaviour_weight, clipped_surrogate, clipped_tokens, k3_kl, mismatch_kl
 from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
+from harnessrl.trainer.prefix_tree import MIN_SHARED
 from harnessrl.trainer.progress import show_progress
 from harnessrl.trainer.steps import StepPlan
 from harnessrl.trainer.trl_private import TESTED, drift, log_metric, reference_from, step_counter, text_tokenizer, trl_version
@@ -262,7 +263,8 @@ class HarnessTrainer(GRPOTrainer):
         p, c = batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist()
         P = batch["prompt_ids"].size(1)
         seqs = [torch.cat([batch["prompt_ids"][i, P - p[i]:], batch["completion_ids"][i, :c[i]]]) for i in range(len(p))]
-        return pack(seqs, p, batch["completion_ids"].size(1), self.accelerator.device)
+        return pack(seqs, p, batch["completion_ids"].size(1), self.accelerator.device,
+                    MIN_SHARED if self.cfg.shared_prefix else None)
 
     def _reference_logps(self, packed: Packed) -> torch.Tensor:
         if self.ref_model is not None:
