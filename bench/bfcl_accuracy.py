@@ -32,6 +32,7 @@ from rich.table import Table
 from harnessrl.console import Console
 from harnessrl.harness_examples.bfcl_single import data
 from harnessrl.harness_examples.bfcl_single.harness import BfclSingleConfig, run_rollout
+from harnessrl.harness_examples.chat import RolloutResult
 from harnessrl.harness_examples.runner import run_many
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,16 +43,28 @@ def evaluate(url: str, tasks: list[data.BfclSingleTask], *, max_tokens: int, con
              model: str | None = None) -> dict:
     """Greedy rollouts of `tasks` through the proxy at `url`; per category correct / total."""
     cfg = BfclSingleConfig(model=model, max_tokens=max_tokens, temperature=0.0)
+
+    def one(task: data.BfclSingleTask) -> RolloutResult:
+        # a call that fails on our side (a timeout of a loaded server) is no answer of the model's:
+        # kept as an error, out of the accuracy, and the other entries go on
+        try:
+            return run_rollout(url, task, cfg, run=run)
+        except Exception as exc:  # noqa: BLE001 - any failure of one entry's call
+            return RolloutResult("", task.id, float("nan"), "", {}, f"{type(exc).__name__}: {exc}")
+
     started = time.perf_counter()
-    results = run_many(lambda task: run_rollout(url, task, cfg, run=run), tasks, 1, concurrency, label="bfcl")
+    results = run_many(one, tasks, 1, concurrency, label="bfcl")
     by_id = {t.id: t for t in tasks}
     per: dict[str, dict] = {}
     entries = []
     for r in results:
         category = by_id[r.task_id].category
-        row = per.setdefault(category, {"correct": 0, "total": 0})
-        row["total"] += 1
-        row["correct"] += int(r.outcome == 1.0)
+        row = per.setdefault(category, {"correct": 0, "total": 0, "errors": 0})
+        if r.outcome != r.outcome:  # nan: the call failed
+            row["errors"] += 1
+        else:
+            row["total"] += 1
+            row["correct"] += int(r.outcome == 1.0)
         entries.append({"id": r.task_id, "category": category, "valid": r.outcome == 1.0, "verdict": r.answer,
                         "error": r.error})
     return {"categories": {c: per[c] for c in data.CATEGORIES if c in per}, "entries": entries,
@@ -60,14 +73,14 @@ def evaluate(url: str, tasks: list[data.BfclSingleTask], *, max_tokens: int, con
 
 def table(report: dict, title: str) -> Table:
     t = Table(title=title)
-    for col in ("category", "correct", "total", "accuracy", "95% interval"):
+    for col in ("category", "correct", "total", "accuracy", "95% interval", "failed calls"):
         t.add_column(col, justify="left" if col == "category" else "right")
     rows = list(report["categories"].items())
-    pooled = {"correct": sum(r["correct"] for _, r in rows), "total": sum(r["total"] for _, r in rows)}
+    pooled = {k: sum(r[k] for _, r in rows) for k in ("correct", "total", "errors")}
     for name, r in rows + [("all (pooled)", pooled)]:
         p = r["correct"] / r["total"] if r["total"] else float("nan")
         lo, hi = wilson(p, r["total"])
-        t.add_row(name, str(r["correct"]), str(r["total"]), f"{p:.3f}", f"{lo:.3f}–{hi:.3f}")
+        t.add_row(name, str(r["correct"]), str(r["total"]), f"{p:.3f}", f"{lo:.3f}–{hi:.3f}", str(r["errors"]))
     return t
 
 
@@ -80,7 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--per-category", type=int, default=None, help="the first N held-out entries of each "
                     "category (default: all)")
     ap.add_argument("--max-tokens", type=int, default=256, help="tokens per reply (parallel answers hold several calls)")
-    ap.add_argument("--concurrency", type=int, default=4, help="rollouts in flight")
+    ap.add_argument("--concurrency", type=int, default=4, help="rollouts in flight (the local backend answers one "
+                    "at a time: more only queue, and a queued call can time out on a loaded machine)")
     ap.add_argument("--run", default="bfcl-eval", help="run tag of the recorded rollouts")
     ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     return ap.parse_args(argv)

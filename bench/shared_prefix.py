@@ -58,6 +58,7 @@ def cli_samples(harnesses: list[str], tokenizer: str, tmp: Path) -> list[Path]:
 
     out = []
     for name in harnesses:
+        (tmp / name).mkdir()
         s = hc.session(name, Path(tokenizer), tmp / name)
         if s["compile"].returncode:
             raise SystemExit(f"{name}: compile failed: {s['compile'].stderr[-500:]}")

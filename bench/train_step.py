@@ -1,6 +1,6 @@
 """One optimizer step of each objective vs a plain TRL GRPOTrainer loss step on identical tensors.
 
-    python bench/train_step.py [--model DIR] [--tasks 4] [--k 4] [--repeats 10] [--clock cpu|wall]
+    python bench/train_step.py [--model DIR] [--tasks 4] [--k 4] [--repeats 10] [--clock cpu|wall] [--no-shared-prefix]
 
 Every trainer sees the same compiled batch (prepared once, outside the timing); a step is
 loss + backward(s) + optimizer step. The baseline is `trl.GRPOTrainer._compute_loss` (loss_type
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default=None,
                     help="cpu: this process's CPU time (the default on CPU: with one thread it is the step's work, and other "
                          "processes on the machine barely move it); wall: elapsed time (the default on a GPU)")
+    ap.add_argument("--no-shared-prefix", action="store_true",
+                    help="every sample's whole prompt computed (the trainer before shared prefixes; the TRL baseline's way)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     clock = time.process_time if (a.clock or ("wall" if torch.cuda.is_available() else "cpu")) == "cpu" else time.perf_counter
@@ -114,7 +116,7 @@ def main() -> None:
 
     def cfg(**kw):
         return TrainConfig(samples=str(samples), model=a.model, out=str(tmp / "out"), steps=a.repeats + 2, batch_size=n,
-                           lr=1e-6, report_to="none", **kw).validate()
+                           lr=1e-6, report_to="none", shared_prefix=not a.no_shared_prefix, **kw).validate()
 
     base_cfg = cfg()
     grpo = HarnessTrainer(fresh_model(), base_cfg, data, tok)

@@ -220,3 +220,13 @@ def test_the_accuracy_bench_reports_each_category_on_held_out_ids(rollout):
     console = Console(width=120, record=True)
     console.print(_bench().table(report, "t"))
     assert "all (pooled)" in console.export_text() and "parallel_multiple" not in console.export_text()
+
+
+def test_an_entry_whose_call_fails_on_our_side_is_counted_apart_and_the_rest_go_on():
+    # a proxy that is not there: every call fails before the model answers (as a queued call that
+    # times out on a loaded machine did, and ended the whole run); no entry is scored as the model's
+    report = _bench().evaluate("http://127.0.0.1:9", data.held_out(["simple_python", "parallel"], 2), max_tokens=16,
+                               concurrency=2, run="bench")
+    assert report["categories"] == {"simple_python": {"correct": 0, "total": 0, "errors": 2},
+                                    "parallel": {"correct": 0, "total": 0, "errors": 2}}
+    assert all(e["error"] and not e["valid"] for e in report["entries"])

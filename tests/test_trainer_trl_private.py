@@ -48,7 +48,9 @@ def test_packed_log_probs_equal_trl_padded_ones(tmp_path, tiny_model_dir):
 
     rows = make_rows(AutoTokenizer.from_pretrained(tiny_model_dir))
     rows[0] = prepend_prompt(rows[0], rows[1]["input_ids"][:9])  # a longer prompt: the others are left-padded
-    tr = make_trainer(HarnessTrainer, tiny_model_dir, write_samples(tmp_path, rows))
+    # each sample its own sequence (shared prefixes, checked against this unshared packing in
+    # tests/test_trainer_shared_prefix.py, would pack the common prompt once)
+    tr = make_trainer(HarnessTrainer, tiny_model_dir, write_samples(tmp_path, rows), shared_prefix=False)
     batch = tr.fixed_batch()
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
