@@ -40,6 +40,10 @@ def test_the_tree_by_hand():
     assert prefix_tree([a, b, c, d], min_shared=5) == [
         Segment(0, 6, (0, 2), -1), Segment(6, 8, (0,), 0), Segment(6, 8, (2,), 0),
         Segment(0, 7, (1,), -1), Segment(0, 2, (3,), -1)]
+    # a continuation whose mask could pass max_mask cells (length left × length) is not shared
+    assert prefix_tree([a, b, c, d], min_shared=2, max_mask=4 * 8 - 1) == [
+        Segment(0, 6, (0, 2), -1), Segment(6, 8, (0,), 0), Segment(6, 8, (2,), 0),
+        Segment(0, 7, (1,), -1), Segment(0, 2, (3,), -1)]
     assert prefix_tree([a, a.clone()], min_shared=2) == [Segment(0, 7, (0, 1), -1), Segment(7, 8, (0,), 0),
                                                          Segment(7, 8, (1,), 0)]
 
@@ -100,7 +104,6 @@ CASES = {  # case: (algo, trainer, extra config)
     "grpo": ("grpo", "HarnessTrainer", {}),
     "grpo, LoRA": ("grpo", "HarnessTrainer", {"lora": True}),
     "grpo, micro-batches by a token budget": ("grpo", "HarnessTrainer", {"max_tokens_per_microbatch": 400}),
-    "grpo, square calls instead of masks": ("grpo", "HarnessTrainer", {"mask_limit": 0}),
     "capo": ("capo", "CapoTrainer", {"capo_gamma": 0.5}),
     "matpo": ("matpo", "MatpoTrainer", {}),
     "pact": ("pact", "PactTrainer", {"pact_q": 0.5, "beta": 0.0}),
@@ -108,7 +111,7 @@ CASES = {  # case: (algo, trainer, extra config)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_sharing_changes_nothing_but_the_work(case, tmp_path, tiny_model_dir, monkeypatch):
+def test_sharing_changes_nothing_but_the_work(case, tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
     import harnessrl.trainer.run as run
@@ -117,11 +120,7 @@ def test_sharing_changes_nothing_but_the_work(case, tmp_path, tiny_model_dir, mo
     rows = make_rows(tok, n_tasks=2, k=4, rewards=[1.0, 0.0, 0.5, 0.25, 0.0, 1.0, 0.75, 0.5])
     system = rows[1]["input_ids"][:60]  # a long common system prompt ahead of every prompt: shared across tasks too
     rows = [prepend_prompt(r, system) for r in rows]
-    algo, name, extra = CASES[case][0], CASES[case][1], dict(CASES[case][2])
-    if "mask_limit" in extra:  # every continuing segment past the limit: the long-branch path
-        import harnessrl.trainer.packing as packing
-
-        monkeypatch.setattr(packing, "MASK_LIMIT", extra.pop("mask_limit"))
+    algo, name, extra = CASES[case]
     samples = write_samples(tmp_path / "s", rows, {r["task_id"]: EXPERT_TRACE for r in rows} if algo == "pact" else None)
     cls = {c.__name__: c for c in run.TRAINERS.values()}[name]
     if algo == "capo":

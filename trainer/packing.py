@@ -20,11 +20,6 @@ import torch
 from harnessrl.trainer.prefix_tree import Segment, ancestry, prefix_tree
 
 ATTENTION = "harnessrl_packed"
-# a continuing segment's mask has len × (len + its ancestors' length) booleans; past this many
-# (a long branch of a long prefix) its call runs square and causal instead, with zero queries in
-# the ancestors' places: linear in memory, at the price of attention scores for those rows
-# (measured, 4k queries over 8k keys on CPU: mask 232 MiB, square 135 MiB, equal time)
-MASK_LIMIT = 1 << 24
 
 
 @dataclass
@@ -90,13 +85,11 @@ def pack(seqs: list[torch.Tensor], score_from: list[int], width: int, device: to
                   index.to(device), valid.to(device), tree)
 
 
-def _lower_right(segments: list[Segment], up: tuple[int, ...], k: int, device) -> torch.Tensor | None:
+def _lower_right(segments: list[Segment], up: tuple[int, ...], k: int, device) -> torch.Tensor:
     """A continuing segment's causal mask over its ancestors' tokens then its own (all of the
-    ancestors', its own up to itself), shared by every layer's call; None past MASK_LIMIT."""
+    ancestors', its own up to itself), shared by every layer's call."""
     own = segments[k].end - segments[k].start
     keys = own + sum(segments[a].end - segments[a].start for a in up)
-    if own * keys > MASK_LIMIT:
-        return None
     return torch.ones((own, keys), dtype=torch.bool, device=device).tril(keys - own)
 
 
@@ -116,18 +109,10 @@ def _attention(module, query, key, value, attention_mask, packed_bounds: tuple[i
     parts = []
     for k, (q, kk, v) in enumerate(zip(qs, ks, vs)):
         up, mask = packed_tree[k] if packed_tree is not None else ((), None)
-        if not up:
-            parts.append(sdpa_attention_forward(module, q, kk, v, None, **kwargs)[0])
-            continue
-        kk, v = torch.cat([ks[a] for a in up] + [kk], dim=2), torch.cat([vs[a] for a in up] + [v], dim=2)
-        if mask is not None:
-            parts.append(sdpa_attention_forward(module, q, kk, v, mask[None, None], **kwargs)[0])
-            continue
-        # no mask: zero queries in the ancestors' places make the call square and plainly causal
-        # (linear in memory); their rows are dropped
-        pad = kk.size(2) - q.size(2)
-        q = torch.cat([q.new_zeros(q.size(0), q.size(1), pad, q.size(3)), q], dim=2)
-        parts.append(sdpa_attention_forward(module, q, kk, v, None, **kwargs)[0][:, pad:])
+        if up:
+            kk, v = torch.cat([ks[a] for a in up] + [kk], dim=2), torch.cat([vs[a] for a in up] + [v], dim=2)
+            mask = mask[None, None]
+        parts.append(sdpa_attention_forward(module, q, kk, v, mask, **kwargs)[0])
     return torch.cat(parts, dim=1), None  # (1, N, heads, head_dim), as SDPA's
 
 

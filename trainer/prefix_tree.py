@@ -18,6 +18,11 @@ import torch
 # a shared run shorter than this stays in each sequence: below it, the repeated token and the
 # extra attention call cost about what sharing saves
 MIN_SHARED = 16
+# a continuing segment attends through a boolean mask of len × (len + its ancestors' length) cells,
+# one per segment, shared by the layers (16M cells: 16 MiB, and about 3 bytes a cell more inside
+# each SDPA call on CPU). A longer branch of a long prefix (coding-CLI sessions) is not shared: on
+# these kernels its attention, most of its cost, would not shrink (docs/benchmarks.md › Shared prefixes)
+MAX_MASK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -28,9 +33,10 @@ class Segment:
     parent: int  # index of the segment it continues; -1 for a root
 
 
-def prefix_tree(seqs: list[torch.Tensor], min_shared: int = MIN_SHARED) -> list[Segment]:
+def prefix_tree(seqs: list[torch.Tensor], min_shared: int = MIN_SHARED, max_mask: int = MAX_MASK) -> list[Segment]:
     """The segments of non-empty 1-D token sequences: each run of at least `min_shared` tokens
-    that two or more share becomes one segment."""
+    that two or more share becomes one segment, unless a continuation's mask (its length × the
+    length up to its end) could pass `max_mask` cells."""
     segments: list[Segment] = []
 
     def place(rows: list[int], d: int, parent: int) -> None:
@@ -38,7 +44,8 @@ def prefix_tree(seqs: list[torch.Tensor], min_shared: int = MIN_SHARED) -> list[
             segments.append(Segment(d, seqs[rows[0]].numel(), (rows[0],), parent))
             return
         e = _common_end(seqs, rows, d)
-        if e - 1 - d >= min_shared:
+        masks = max((seqs[r].numel() - e + 1) * seqs[r].numel() for r in rows)
+        if e - 1 - d >= min_shared and masks <= max_mask:
             segments.append(Segment(d, e - 1, tuple(rows), parent))
             parent, d = len(segments) - 1, e - 1
         for group in _parting(seqs, rows, e):  # each group holds alike at least one token more
