@@ -36,7 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from harnessrl.app.rollouts.limited_run import RolloutFlags, coding_tasks
-from harnessrl.app.sandbox.run import HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.sandbox.relay import HostRelay
+from harnessrl.app.sandbox.run import ROOT, Limits, Mounts, run_limited
 from harnessrl.app.scoring import hidden_tests as scoring
 from harnessrl.app.scoring.workspace import fresh_workspace, lay, score
 from harnessrl.harness_examples.coding.tasks import write
@@ -49,7 +50,7 @@ def before(task, ws: Path, limits: Limits, autoload: bool = True) -> float:
     started = time.perf_counter()
     shutil.rmtree(ws / "hidden_tests", ignore_errors=True)
     lay(task.hidden_tests, ws)
-    host_relay = HostRelay([]) if limits.sandbox == "bwrap" else None
+    host_relay = HostRelay([], ROOT) if limits.sandbox == "bwrap" else None
     try:
         with tempfile.TemporaryFile() as out:
             env = dict(os.environ) if autoload else {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

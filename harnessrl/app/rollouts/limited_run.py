@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import IO
 
 from harnessrl.app.rollouts.command import RunOptions, RunResult, outcome_of, reward_file_of
-from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, local_url, relay, run_limited
+from harnessrl.app.sandbox.relay import local_url
+from harnessrl.app.sandbox.run import Finished, Limits, Mounts, check_limits, relay, run_limited
 from harnessrl.app.scoring.clean_room import solution_surface
 from harnessrl.app.scoring.hostile import safe_meta, safe_text
 from harnessrl.app.scoring.hidden_tests import (known_for_all, reference_tree, score_in_place, score_rollout,

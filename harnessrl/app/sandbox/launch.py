@@ -6,7 +6,7 @@
 
 It sets the per-process limits (inherited by everything the command starts), listens on
 127.0.0.1:PORT for each relay and pipes every connection to the unix SOCKET that the host side
-(`run.HostRelay`) bind-mounted in, runs ARGV and exits with its status. In a sandbox without a
+(`relay.HostRelay`) bind-mounted in, runs ARGV and exits with its status. In a sandbox without a
 network this is the only way out, and it leads to the proxy alone. With `--export-fd` (only ever
 given inside bubblewrap, where it is pid 2 of its own pid namespace) it first copies the read-only
 SEED into the size-capped WORKSPACE, and after ARGV ends kills every other process of the

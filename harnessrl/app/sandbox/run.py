@@ -3,7 +3,7 @@
 `--sandbox bwrap`: the command sees the whole system read-only, its workspace writable (plus the
 few host paths its harness must write, e.g. CODEX_HOME), a private HOME and TMPDIR, its own
 process tree (`--unshare-pid`: when the sandbox's first process dies, every process in it dies)
-and no network but a relay to the proxy: `HostRelay` listens on a unix socket per endpoint (the
+and no network but a relay to the proxy (relay.py): `HostRelay` listens on a unix socket per endpoint (the
 proxy, mitmdump), bind-mounted into the sandbox, where `launch.py` listens on 127.0.0.1
 at the endpoint's port. Base URLs on 127.0.0.1 therefore work unchanged; any other host or port
 is unreachable. Hidden: the other rollouts' workspaces, every `Mounts.hidden` path (the tasks
@@ -22,7 +22,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,10 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 from harnessrl.app.sandbox.caps import UNPACK, CappedOutput, Export, PidsCgroup, pids_base
-from harnessrl.app.sandbox.launch import pump  # the launcher's own relay loop, so both ends forward alike
+from harnessrl.app.sandbox.relay import HostRelay, endpoints_of
 from harnessrl.app.sandbox.running import registered
 from harnessrl.errors import UserError
 
@@ -142,77 +140,13 @@ def _base_args() -> list[str]:
     return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent"]
 
 
-def endpoints_of(urls: list[str]) -> list[tuple[str, int]]:
-    """The (host, port) of each http URL, for the relays."""
-    out = []
-    for url in urls:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if (parts.hostname or "", port) not in out:
-            out.append((parts.hostname or "127.0.0.1", port))
-    return out
-
-
-def local_url(url: str) -> str:
-    """The URL as the sandbox reaches it: the relay listens on 127.0.0.1 at the same port."""
-    parts = urlsplit(url)
-    if parts.hostname in (None, "127.0.0.1"):
-        return url
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    netloc = parts.netloc.rsplit("@", 1)
-    host = f"127.0.0.1:{port}"
-    return parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host).geturl()
-
-
-class HostRelay:
-    """Unix sockets in a fresh folder, each piping its connections to one TCP endpoint."""
-
-    def __init__(self, endpoints: list[tuple[str, int]]) -> None:
-        ROOT.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix="relay-", dir=ROOT))  # its sockets; in the sandbox also HOME, TMPDIR
-        self.sockets: list[tuple[int, str]] = []  # (port the sandbox dials, socket name)
-        self._listeners: list[socket.socket] = []
-        for i, (host, port) in enumerate(endpoints):
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(self.dir / f"{i}.sock"))
-            listener.listen(64)
-            self._listeners.append(listener)
-            self.sockets.append((port, f"{i}.sock"))
-            threading.Thread(target=self._serve, args=(listener, host, port), daemon=True).start()
-
-    @staticmethod
-    def _serve(listener: socket.socket, host: str, port: int) -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed: the rollout is over
-                return
-            try:
-                up = socket.create_connection((host, port), timeout=30)
-                up.settimeout(None)
-            except OSError:
-                conn.close()
-                continue
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=pump, args=(a, b), daemon=True).start()
-
-    def close(self) -> None:
-        for listener in self._listeners:
-            try:
-                listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            listener.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @contextmanager
 def relay(limits: Limits, urls: list[str]) -> Iterator[HostRelay | None]:
     """The host side of the relays for a sandboxed rollout (none without a sandbox)."""
     if limits.sandbox != "bwrap":
         yield None
         return
-    r = HostRelay(endpoints_of(urls))
+    r = HostRelay(endpoints_of(urls), ROOT)
     try:
         yield r
     finally:

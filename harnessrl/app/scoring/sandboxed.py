@@ -9,7 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from harnessrl.app.sandbox.run import ROOT, Finished, HostRelay, Limits, Mounts, run_limited
+from harnessrl.app.sandbox.relay import HostRelay
+from harnessrl.app.sandbox.run import ROOT, Finished, Limits, Mounts, run_limited
 
 
 class ScorerFault(Exception):
@@ -34,7 +35,7 @@ def run_sandboxed(cmd: list[str] | str, clean: Path, env: dict[str, str], limits
     """`cmd` in a fresh sandbox over the clean room (a relay with no endpoint: no way out). It
     writes nothing of the host's but the clean room, which is under the disk cap like a workspace."""
     mounts = Mounts(workspace=clean, hidden=hidden)
-    host_relay = HostRelay([]) if limits.sandbox == "bwrap" else None
+    host_relay = HostRelay([], ROOT) if limits.sandbox == "bwrap" else None
     try:
         with tempfile.TemporaryFile(dir=ROOT) as out:  # host-side only: ROOT is a fresh tmpfs in a sandbox
             try:
