@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
-EXTRAS=${EXTRAS:-dev,examples,ray}  # ray: `loop --executor ray` and its tests (~7 s, ~240 MB)
+EXTRAS=${EXTRAS:-dev,examples,ray,deepspeed}  # ray: `loop --executor ray` and its tests (~7 s, ~240 MB); deepspeed: ZeRO configs and the sharded tests
 # A pyenv shim exists even where it cannot run (version not selected): check that it runs.
 "$PYTHON" -c "import sys" 2>/dev/null || PYTHON=python3
 

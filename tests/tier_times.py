@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-TIERS = ("vllm", "harness", "ray", "real_model", "slow", "postgres", "unit")
+TIERS = ("vllm", "harness", "ray", "real_model", "sharded", "slow", "postgres", "unit")
 
 
 def tier(keywords) -> str:

@@ -27,6 +27,8 @@ from harnessrl.trainer.normalise import token_weights, weighted_sum
 from harnessrl.trainer.packing import Packed, pack, packed_logps, use_packed_attention
 from harnessrl.trainer.prefix_tree import MIN_SHARED
 from harnessrl.trainer.progress import show_progress
+from harnessrl.trainer.sharding import check as check_sharding
+from harnessrl.trainer.sharding import cpu_args
 from harnessrl.trainer.steps import StepPlan
 from harnessrl.trainer.trl_private import TESTED, drift, log_metric, reference_from, step_counter, text_tokenizer, trl_version
 
@@ -67,10 +69,7 @@ def grpo_args(cfg: TrainConfig, micro: int = 1, checkpointing: bool = False, **e
         activation_checkpointing=checkpointing,  # TRL's default is on; off is faster for short samples
         dataloader_pin_memory=torch.cuda.is_available(),  # nothing to pin to without a GPU (torch warns)
     )
-    if (world > 1 or cfg.bf16) and not torch.cuda.is_available():
-        # accelerate starts gloo data parallelism on CPU only when told so, and transformers refuses
-        # bf16 without a GPU ("Your setup doesn't support bf16/gpu") unless the run says it is on CPU
-        kwargs["use_cpu"] = True
+    kwargs.update(cpu_args(world, cfg.bf16))
     kwargs.update(extra)
     return GRPOConfig(**kwargs)
 
@@ -142,6 +141,7 @@ class HarnessTrainer(GRPOTrainer):
         show_progress(self)
         if self.accelerator.num_processes != world:
             raise UserError(f"WORLD_SIZE is {world} but accelerate runs {self.accelerator.num_processes} process(es)")
+        check_sharding(self.accelerator, self.algo)
         problems = drift(self)
         if problems:
             raise UserError(f"{problems[0]}; harnessrl is tested with trl{TESTED} (installed: {trl_version()})")
