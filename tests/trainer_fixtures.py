@@ -211,3 +211,17 @@ def session_rows(tok, tokens: int, n: int = 1, seed: int = 0) -> list[dict]:
             reward_breakdown=json.dumps({"outcome": max(adv, 0.0), "advantage": "grpo"}), retokenized=False,
         ))
     return rows
+
+
+def padded_sft_loss(model, batch: list[tuple[list[int], list[float]]], pad: int):
+    """The warm start's loss by its definition (and its code before packing): Σ w·nll / Σ w over a
+    right-padded batch, full logits everywhere."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s, _ in batch])
+    w = torch.tensor([ws + [0.0] * (width - len(ws)) for _, ws in batch])
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in batch])
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return (nll * w[:, 1:]).sum() / w[:, 1:].sum()

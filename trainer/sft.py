@@ -6,6 +6,10 @@ rendered with the model's own chat template. As in PACT's component-aware SFT, o
 model itself would generate is a target — reasoning, complete tool-call spans (weight
 `call_weight`), the final answer and its end-of-turn token; prompts and tool observations get
 weight 0. The loss is Σ w·nll / Σ w over the batch.
+
+A batch is one packed row (trainer/packing.py), and a prefix that its sequences share (the system
+prompt and tools every task of a family sends) is computed once (`shared_prefix`, on by default;
+exact: tests/test_trainer_sft.py); the output layer runs only where a token is a target.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from harnessrl.errors import UserError
 from harnessrl.tasks_file import parse_line
@@ -32,6 +37,7 @@ class SftConfig:
     weight_decay: float = 0.0
     call_weight: float = 1.0  # λ_a on complete tool-call spans (PACT anneals it; warm start keeps it fixed)
     seed: int = 0
+    shared_prefix: bool = True  # each prefix the batch's sequences share computed once (exact)
 
 
 def read_sft_tasks(path: str | Path) -> list[tuple[list[dict], list[dict], list[dict] | None]]:
@@ -88,10 +94,13 @@ def span_weights(tokenizer, text: str, spans: list[tuple[int, int, float]]) -> t
     return list(enc["input_ids"]), weights
 
 
-def sft(cfg: SftConfig) -> Path:
+def sft(cfg: SftConfig, after_step: Callable[[int, Any], None] | None = None) -> Path:
+    """Fine-tune and save to `cfg.out`; `after_step(step, model)` after each optimizer step (benchmarks
+    evaluate along the way)."""
     import torch
     from rich.progress import Progress
 
+    from harnessrl.trainer.packing import use_packed_attention
     from harnessrl.trainer.run import load_model
 
     rows = read_sft_tasks(cfg.tasks)
@@ -102,29 +111,47 @@ def sft(cfg: SftConfig) -> Path:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    use_packed_attention(model)
     model.train()
-    pad = tokenizer.pad_token_id
     with Progress() as progress:
         bar = progress.add_task("sft", total=cfg.steps)
         for step in range(cfg.steps):
-            batch = [seqs[rng.randrange(len(seqs))] for _ in range(cfg.batch_size)]
-            width = max(len(ids) for ids, _ in batch)
-            ids = torch.tensor([s + [pad] * (width - len(s)) for s, _ in batch])
-            w = torch.tensor([ws + [0.0] * (width - len(ws)) for _, ws in batch])
-            attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in batch])
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-            target_w = w[:, 1:]
-            loss = (nll * target_w).sum() / target_w.sum().clamp_min(1e-8)
+            loss = batch_loss(model, [seqs[rng.randrange(len(seqs))] for _ in range(cfg.batch_size)], cfg.shared_prefix)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             progress.update(bar, advance=1, description=f"sft loss {loss.item():.3f}")
+            if after_step is not None:
+                after_step(step + 1, model)
     model.eval()
     out = Path(cfg.out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def batch_loss(model, batch: list[tuple[list[int], list[float]]], shared_prefix: bool = True):
+    """Σ w·nll / Σ w of the batch, as one packed row; each sequence's targets from its first weighted token."""
+    import torch
+
+    from harnessrl.trainer.packing import pack
+    from harnessrl.trainer.prefix_tree import MIN_SHARED
+
+    first = [next((t for t, w in enumerate(ws) if w > 0 and t > 0), len(ws)) for _, ws in batch]
+    width = max(1, max(len(ids) - f for (ids, _), f in zip(batch, first)))
+    packed = pack([torch.tensor(ids) for ids, _ in batch], first, width, min_shared=MIN_SHARED if shared_prefix else None)
+    weights = torch.zeros(packed.valid.shape)
+    for i, ((_, ws), f) in enumerate(zip(batch, first)):
+        weights[i, :len(ws) - f] = torch.tensor(ws[f:])
+    # the head only where a target is predicted: position p of the row predicts the label at p + 1
+    at = torch.unique(packed.index[packed.valid])
+    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, packed_bounds=packed.bounds,
+                   packed_tree=packed.tree, logits_to_keep=at).logits[0].float()
+    nll_at = torch.nn.functional.cross_entropy(logits, packed.labels[0, at + 1], reduction="none")
+    where = torch.zeros(packed.input_ids.shape[1], dtype=torch.long)
+    where[at] = torch.arange(at.numel())
+    nll = torch.where(packed.valid, nll_at[where[packed.index]], 0.0)
+    return (nll * weights).sum() / weights.sum().clamp_min(1e-8)
 
 
 def sft_loss(model, tokenizer, seqs: list[tuple[list[int], list[float]]]) -> float:
