@@ -3,6 +3,7 @@ some training tasks (trainer/sft.py, shared prefixes on), and greedy held-out su
 docs/benchmarks.md › The real model.
 
     python bench/real_model_warm.py --model SMOLLM2_DIR [--train-tasks 72] [--steps 60] [--eval-at 0,10,20,40,60]
+        [--expert right|inconsistent]
 
 The held-out tasks are the family's (combinations of a tool and a name never trained on); each is
 answered greedily by `generate` on the prompt the harness sends (its messages and nine tools,
@@ -49,6 +50,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--expert", choices=("right", "inconsistent"), default="right",
+                    help="right: the task's call; inconsistent: 5 lines a task, 2 of them the asked tool and 3 "
+                         "a confused one (assistant.tasks.inconsistent_expert: what the real-model demo would start from)")
     ap.add_argument("--out", type=Path, default=None, help="where the warm model goes (default: a temporary folder)")
     a = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,10 +78,14 @@ def main() -> None:
     if 0 in at:
         report(0, AutoModelForCausalLM.from_pretrained(a.model))
     with tempfile.TemporaryDirectory() as tmp:
-        tasks_file = assistant.write(train[:a.train_tasks], Path(tmp) / "train.jsonl")
+        tasks_file = Path(tmp) / "train.jsonl"
+        if a.expert == "right":
+            assistant.write(train[:a.train_tasks], tasks_file)
+        else:
+            tasks_file.write_text("".join(json.dumps(r) + "\n" for r in assistant.inconsistent_expert(train[:a.train_tasks])))
         sft(SftConfig(tasks=str(tasks_file), model=a.model, out=str(a.out or Path(tmp) / "warm"), steps=a.steps,
                       batch_size=a.batch_size, lr=a.lr, seed=a.seed), after_step=report)
-    print(f"\nheld-out ({len(held)} tasks, greedy), SFT on {a.train_tasks} training tasks' expert calls, batch {a.batch_size}, "
+    print(f"\nheld-out ({len(held)} tasks, greedy), SFT on {a.train_tasks} training tasks' expert calls ({a.expert}), batch {a.batch_size}, "
           f"lr {a.lr}\n| SFT steps | called | action | args | success | wall s |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['step']} | {r['called']:.3f} | {r['action']:.3f} | {r['args']:.3f} | {r['success']:.3f} | {r['wall_s']:.0f} |")

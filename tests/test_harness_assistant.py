@@ -36,6 +36,24 @@ def test_a_call_is_judged_by_its_tool_and_its_argument():
         == (True, True)
 
 
+@pytest.mark.unit
+def test_the_inconsistent_expert_calls_the_asked_tool_two_times_in_five():
+    import json
+
+    task = assistant.AssistantTask("t", "get_reviews", "Roomba", 1)
+    rows = assistant.inconsistent_expert([task], traces=5, right=2)
+    called = [r["expert_trace"][0]["tool_calls"][0]["function"] for r in rows]
+    # two right lines, three of the same kind's confused tool; every line the right argument, its own
+    # tool's result, and the task itself (question, tools) unchanged
+    assert [c["name"] for c in called] == ["get_reviews"] * 2 + ["check_stock"] * 3
+    assert all(json.loads(c["arguments"]) == {"product": "Roomba"} for c in called)
+    assert rows[2]["expert_trace"][1]["content"] == assistant.result("check_stock", "Roomba")
+    assert all(r["input"] == task.messages() and r["id"] == "t" and r["tools"] == assistant.TOOLS for r in rows)
+    assert set(assistant.CONFUSE) == set(assistant.CONFUSE.values()) == set(assistant.TOOLS_SPEC)  # a cycle over all nine
+    assert all(assistant.TOOLS_SPEC[a][0] == assistant.TOOLS_SPEC[b][0] and a != b for a, b in assistant.CONFUSE.items())
+    with pytest.raises(ValueError):
+        assistant.inconsistent_expert([task], traces=2, right=3)
+
 def test_rollout_through_the_proxy_records_the_tools_and_the_reward(tmp_path, tiny_model_dir):
     from harnessrl.app.rollouts.harnesses import TaskSource, load_harness
     from harnessrl.db import open_db

@@ -112,6 +112,27 @@ class AssistantTask:
                                          "phrasing": self.phrasing}}
 
 
+# a cycle within each kind: the tool an inconsistent expert calls instead of the asked one
+CONFUSE = {"get_weather": "get_local_time", "get_local_time": "get_population", "get_population": "get_weather",
+           "get_price": "get_reviews", "get_reviews": "check_stock", "check_stock": "get_price",
+           "get_email": "get_phone", "get_phone": "get_birthday", "get_birthday": "get_email"}
+
+
+def inconsistent_expert(tasks: list[AssistantTask], traces: int = 5, right: int = 2) -> list[dict[str, Any]]:
+    """SFT lines of an expert that mixes up tools, as the toolbox's (harness_examples/toolbox/tasks.py):
+    `traces` lines a task, `right` of them calling the asked tool and the others CONFUSE's, each with
+    the right argument and that tool's result. Fitted on it, a model's greedy choice is the confused
+    tool and its sampled one right about `right/traces` of the time: what RL lifts."""
+    if not 0 <= right <= traces:
+        raise ValueError("0 ≤ right ≤ traces")
+    rows = []
+    for t in tasks:
+        for k in range(traces):
+            called = AssistantTask(t.id, t.tool if k < right else CONFUSE[t.tool], t.entity, t.phrasing)
+            rows.append({**t.row(), "expert_trace": called.row()["expert_trace"]})
+    return rows
+
+
 def result(tool: str, entity: str) -> str:
     """What a tool returns: made up, but the same for the same call (it is not what is rewarded)."""
     rng = random.Random(f"{tool}:{entity}")
