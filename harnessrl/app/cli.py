@@ -11,8 +11,6 @@ import typer
 from harnessrl.console import Console
 
 import harnessrl
-from harnessrl.app.demo_config import ALGO as DEMO_ALGO, GROUP as DEMO_GROUP, ROUNDS as DEMO_ROUNDS
-from harnessrl.app.demo_config import SFT_STEPS as DEMO_SFT_STEPS
 from harnessrl.app.loop.config import CMD, LoopConfig, Teacher
 from harnessrl.app.rollouts import cli as rollouts_cli
 from harnessrl.cli_options import algo_option, from_config, records_db_option
@@ -127,19 +125,24 @@ def loop(
 
 @app.command("demo")
 def demo(
-    out: Path = typer.Option(Path("demo"), help="Output directory (tiny model, DB, samples, checkpoints)."),
-    rounds: int = typer.Option(DEMO_ROUNDS, help="Loop rounds."),
-    algo: str = algo_option(DEMO_ALGO),
-    sft_steps: int = typer.Option(DEMO_SFT_STEPS, help="Warm-start SFT steps on expert traces (0: start from the "
-                                  "base model)."),
-    model: Path | None = typer.Option(None, help="Base model directory (default: build the tiny model in OUT)."),
-    group_size: int = typer.Option(DEMO_GROUP, help="Rollouts per training task per round."),
+    out: Path = typer.Option(Path("demo"), help="Output directory (base model, DB, samples, checkpoints)."),
+    tiny: bool = typer.Option(False, "--tiny", help="The tiny random-initialised model on the toolbox family: the "
+                              "fast run (about 3 minutes; the default, SmolLM2-135M-Instruct, takes about 12)."),
+    rounds: int | None = typer.Option(None, help="Loop rounds (default: the recipe's, 2 real / 3 tiny)."),
+    algo: str | None = algo_option(None),
+    sft_steps: int | None = typer.Option(None, help="Warm-start SFT steps on expert traces (0: start from the "
+                                         "base model; default: the recipe's, 20 real / 600 tiny)."),
+    model: Path | None = typer.Option(None, help="Base model directory (default: SmolLM2 converted into OUT, or "
+                                      "with --tiny the tiny model built there)."),
+    group_size: int | None = typer.Option(None, help="Rollouts per training task per round (default: the recipe's, "
+                                          "4 real / 8 tiny)."),
 ) -> None:
-    """The main job end to end on the embedded default (tiny model, proxy, harness, compile, train, push,
-    eval), with held-out success rising on tasks never trained on."""
+    """The main job end to end on the embedded default (a real small model, the proxy, a harness, compile,
+    train, push, eval), with held-out success rising on tasks never trained on."""
     from harnessrl.app.demo import run_demo
+    from harnessrl.app.demo_config import REAL, TINY
 
-    run_demo(out, rounds, algo, sft_steps, model=model, group=group_size)
+    run_demo(out, TINY if tiny else REAL, rounds, algo, sft_steps, model=model, group=group_size)
 
 
 @compiler_cli.tasks_app.command("coding")
