@@ -4,7 +4,7 @@ change that?
 
     # the batch: the toolbox family's rollouts, recorded through the proxy's local backend from the
     # demo's SFT warm start (round 0 of a one-round demo), and that warm start (about 2 minutes)
-    harnessrl demo --out /tmp/capo-mech/demo --rounds 1 --algo grpo
+    harnessrl demo --tiny --out /tmp/capo-mech/demo --rounds 1 --algo grpo
     # the tiny model (the warm start that sampled the batch: on-policy), about 1 minute
     python bench/capo_mechanism.py --db /tmp/capo-mech/demo/loop/runs.db --model /tmp/capo-mech/demo/warm-model \\
         --out /tmp/capo-mech/tiny --label tiny-warm

@@ -2,7 +2,7 @@
 and memory of one optimizer step (grpo, every sample in the step), with `shared_prefix` on and off.
 docs/benchmarks.md › Shared prefixes.
 
-    python bench/shared_prefix.py demo --samples DIR [--model DIR]   # a compiled round of `make demo`
+    python bench/shared_prefix.py demo --samples DIR [--model DIR]   # a compiled round of `harnessrl demo --tiny`
     python bench/shared_prefix.py tools --model SMOLLM2_DIR          # the assistant family, 1 task × group 8
     python bench/shared_prefix.py cli [--harnesses claude-code,codex] # the harness suite's real CLI sessions
 
@@ -108,7 +108,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-shared-"))
     if a.set == "demo":
         if a.samples is None:
-            raise SystemExit("demo: --samples DIR (a round's samples under `make demo`'s demo/loop/round-*/samples)")
+            raise SystemExit("demo: --samples DIR (a round's samples under `harnessrl demo --tiny`'s demo/loop/round-*/samples)")
         model = a.model or str(a.samples.resolve().parents[2] / "warm-model")
         samples = [a.samples]
     elif a.set == "tools":

@@ -24,9 +24,6 @@ def cpu_args(world: int, bf16: bool) -> dict[str, Any]:
     one is a single process."""
     if torch.cuda.is_available():
         return {}
-    # DeepSpeed, where installed, is imported on some of transformers' paths; told that the machine
-    # has no GPU, it does not print a WARNING line that it found none
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if _asked("DEEPSPEED") and world > 1:
         return {"ddp_backend": "gloo"}
     return {"use_cpu": True} if world > 1 or bf16 else {}

@@ -4,6 +4,8 @@ transformers) happen inside the commands so `--help` stays fast."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -226,6 +228,10 @@ _arrange(app)
 
 
 def main() -> None:
+    if "DS_ACCELERATOR" not in os.environ and shutil.which("nvidia-smi") is None:
+        # DeepSpeed (the `deepspeed` extra) is imported on some of transformers' paths (GGUF loading,
+        # training) and prints a WARNING line on every command that it found no GPU; it is told instead
+        os.environ["DS_ACCELERATOR"] = "cpu"
     try:
         app()
     except UserError as exc:
