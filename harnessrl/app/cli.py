@@ -129,7 +129,7 @@ def loop(
 def demo(
     out: Path = typer.Option(Path("demo"), help="Output directory (base model, DB, samples, checkpoints)."),
     tiny: bool = typer.Option(False, "--tiny", help="The tiny random-initialised model on the toolbox family: the "
-                              "fast run (about 3 minutes; the default, SmolLM2-135M-Instruct, takes about 12)."),
+                              "fast run (about 3 minutes; the default, SmolLM2-135M-Instruct, takes about 15)."),
     rounds: int | None = typer.Option(None, help="Loop rounds (default: the recipe's, 2 real / 3 tiny)."),
     algo: str | None = algo_option(None),
     sft_steps: int | None = typer.Option(None, help="Warm-start SFT steps on expert traces (0: start from the "
