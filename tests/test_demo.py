@@ -43,3 +43,18 @@ def test_the_real_recipe_takes_16_and_16_assistant_tasks_and_an_inconsistent_exp
     assert len(lines) == 5 * 16 and {line["id"] for line in lines} == {t.id for t in train[:16]}
     called = [line["expert_trace"][0]["tool_calls"][0]["function"]["name"] for line in lines]
     assert sum(c == t.tool for c, t in zip(called, [t for t in train[:16] for _ in range(5)])) == 2 * 16
+
+
+def test_a_demo_folder_holds_one_recipe(tmp_path):
+    import pytest
+
+    from harnessrl.app.demo import run_demo
+    from harnessrl.app.demo_config import REAL, TINY
+    from harnessrl.errors import UserError
+
+    (tmp_path / "loop").mkdir()  # a tiny demo's run from before the recipes were marked
+    with pytest.raises(UserError, match="holds the tiny demo's run: give another --out"):
+        run_demo(tmp_path, REAL)
+    (tmp_path / "recipe").write_text("smollm2\n")
+    with pytest.raises(UserError, match="holds the smollm2 demo's run"):
+        run_demo(tmp_path, TINY)

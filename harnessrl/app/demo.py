@@ -109,6 +109,11 @@ def run_demo(out: Path, recipe: Recipe = REAL, rounds: int | None = None, algo: 
     torch.set_num_threads(recipe.threads)
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
+    # the base and warm models and the loop's state are resumed from OUT: one recipe's only
+    made = (out / "recipe").read_text().strip() if (out / "recipe").exists() else "tiny" if (out / "loop").exists() else None
+    if made not in (None, recipe.name):
+        raise UserError(f"{out} holds the {made} demo's run: give another --out (or remove it) for the {recipe.name} one")
+    (out / "recipe").write_text(recipe.name + "\n")
     if model is not None and not (model / "config.json").is_file():
         raise UserError(f"--model {model}: not a model directory (no config.json)")
     if model is None:
