@@ -27,15 +27,13 @@ from trainer_fixtures import padded_sft_loss  # noqa: E402
 
 
 def family_rows(family: str, tmp: Path):
+    """The family's training tasks with their expert calls, as the warm start reads them."""
+    from harnessrl.harness_examples.assistant import tasks as assistant
+    from harnessrl.harness_examples.toolbox import tasks as toolbox
     from harnessrl.trainer.sft import read_sft_tasks
 
-    if family == "assistant":
-        from harnessrl.harness_examples.assistant import tasks
-        path = tasks.write(tasks.generate(0)[0], tmp / "tasks.jsonl")
-    else:
-        from harnessrl.harness_examples.toolbox import tasks
-        path = tasks.write(tasks.generate(0)[0], tmp / "tasks.jsonl")
-    return read_sft_tasks(path)
+    tasks = {"assistant": assistant, "toolbox": toolbox}[family]
+    return read_sft_tasks(tasks.write(tasks.generate(0)[0], tmp / "tasks.jsonl"))
 
 
 def main() -> None:
