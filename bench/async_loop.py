@@ -53,6 +53,8 @@ from async_stats import measure  # noqa: E402
 MODES = ("sync", "async", "async-plain", "async-s0")
 TASK_SEED = 0  # the tasks' and the warm start's seed; --seeds are the loops'
 PLAIN = "ratio_to: behaviour\ntis: false\nepsilon: 1.0e+9\n"  # the correction off: the plain ratio, unclipped
+CORRECTIONS = {"async-plain": PLAIN}  # a mode's trainer options (bench/async_real.py adds the other corrections')
+Launch = tuple[list[str], dict[str, str]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,8 +140,11 @@ def _toolbox(args: argparse.Namespace, base: str, results: dict, results_path: P
 
 
 def _loop(args: argparse.Namespace, out: Path, mode: str, seed: int, harness: list[str], concurrency: int,
-          n_eval: int, extra: tuple[str, ...] = ()) -> dict:
-    """One `harnessrl loop` process in `mode`, timed; its figures (async_stats.measure)."""
+          n_eval: int, extra: tuple[str, ...] = (), train_yaml: str = "", launch: Launch | None = None) -> dict:
+    """One `harnessrl loop` process in `mode`, timed; its figures (async_stats.measure). `train_yaml`:
+    trainer options of every mode (the mode's own added); `launch`: a command prefix and environment
+    (bench/async_real.py pins the loop to cores with them)."""
+    import os
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
@@ -151,13 +156,15 @@ def _loop(args: argparse.Namespace, out: Path, mode: str, seed: int, harness: li
     if mode != "sync":
         cmd += ["--async", "--groups-per-step", str(args.batch_size // args.group_size), "--push-every", "1",
                 "--max-staleness", str(0 if mode == "async-s0" else args.max_staleness), "--eval-every", str(args.steps)]
-    if mode == "async-plain":
-        (out.parent / "plain.yaml").write_text(PLAIN)
-        cmd += ["--train-config", str(out.parent / "plain.yaml")]
-    print(f"{out.name}: {' '.join(cmd[3:])}", flush=True)
+    train_yaml += CORRECTIONS.get(mode, "")
+    if train_yaml:
+        (out / "train.yaml").write_text(train_yaml)
+        cmd += ["--train-config", str(out / "train.yaml")]
+    prefix, env = launch or ([], {})
+    print(f"{out.name}: {' '.join(prefix + cmd[3:])}", flush=True)
     t0 = time.time()
     with open(out / "log.txt", "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        rc = subprocess.call(prefix + cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
     t1 = time.time()
     if rc:
         raise SystemExit(f"{out.name}: exit {rc}, see {out / 'log.txt'}")

@@ -15,9 +15,8 @@ WALL_RATIO, BOUND_RATIO, TRAINER_IDLE = 0.5, 1.25, 0.20
 
 def report(results: dict) -> str:
     lines = []
-    for family in ("toolbox", "coding"):
-        runs = results.get(family) or {}
-        if runs:
+    for family, runs in results.items():
+        if family != "args" and runs:
             lines += _family(family, runs)
     text = "\n".join(lines)
     print(text)
@@ -47,8 +46,8 @@ def _family(family: str, runs: dict) -> list[str]:
     seeds = sorted({r["seed"] for r in runs.values()})
     lines = [f"### {family}: {len(seeds)} seed(s) {', '.join(map(str, seeds))}", "",
              "| mode | wall s | trainer idle | inference idle | no-idle bound s | wall ÷ bound | staleness mean / max "
-             "| dropped stale | steps | samples | held-out success [95 %] | loss mean / max |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| dropped stale | steps | samples | held-out success [95 %] | loss mean / max | mismatch KL |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     held = {}
     for mode, rs in modes.items():
         held[mode] = pooled([r["held_out"] for r in rs], rs[0]["n_eval"])
@@ -61,7 +60,8 @@ def _family(family: str, runs: dict) -> list[str]:
             f"| {sum(r['dropped_stale'] for r in rs)} | {_mean([r['steps'] for r in rs]):.0f} "
             f"| {_mean([r['samples'] for r in rs]):.0f} "
             f"| {held[mode][0]:.3f} [{held[mode][1]:.2f}, {held[mode][2]:.2f}] "
-            f"| {_mean(losses):.3g} / {max(losses, key=abs, default=float('nan')):.3g} |")
+            f"| {_mean(losses):.3g} / {max(losses, key=abs, default=float('nan')):.3g} "
+            f"| {_mean([r['mismatch_kl'] for r in rs if r.get('mismatch_kl') is not None]):.2g} |")
     lines.append("")
     if "sync" in modes:
         sync = {r["seed"]: r for r in modes["sync"]}

@@ -15,7 +15,8 @@
   but `eval…`), each from its record's creation to its finish;
 - the no-idle bound: max(rollout time ÷ concurrency, trainer busy time), the wall time below which
   neither the rollout slots nor the trainer could have been kept busy;
-- staleness (async), held-out success at the last step, and the trainer's loss per step or round.
+- staleness (async), held-out success at the last step, the trainer's loss per step or round, and
+  the mean of its mismatch KL (docs/methods.md §6.5) over them.
 """
 
 from __future__ import annotations
@@ -68,18 +69,20 @@ def measure(out: Path, concurrency: int, n_eval: int) -> dict:
     if mode == "async":
         evals = state["evals"]
         held, curve = evals[-1]["success"], [e["success"] for e in evals]
-        losses = [s["train_log"].get("loss") for s in state["steps"]]
+        logs = [s["train_log"] for s in state["steps"]]
         samples = sum(s["samples"] for s in state["steps"])
         stale = (totals["mean_staleness"], totals["max_staleness"], totals["dropped_stale"])
     else:
         rows = state["rounds"]
         held, curve = rows[-1]["eval_success"], [r["eval_success"] for r in rows]
-        losses = [r["train_log"].get("loss") for r in rows]
+        logs = [r["train_log"] for r in rows]
         samples = sum(r["samples"] for r in rows)
         stale = (0.0, 0, 0)
-    losses = [x for x in losses if x is not None]
+    losses = [log["loss"] for log in logs if log.get("loss") is not None]
+    kl = [log["mismatch/kl"] for log in logs if log.get("mismatch/kl") is not None]
     return {"mode": mode, "wall_s": wall, "train_s": train_s, "rollout_s": rollout_s, "rollouts": n_rollouts,
             "trainer_idle": 1 - train_s / wall, "inference_idle": 1 - busy_calls / wall,
             "bound_s": max(rollout_s / concurrency, train_s), "mean_staleness": stale[0], "max_staleness": stale[1],
             "dropped_stale": stale[2], "held_out": held, "curve": curve, "initial": state.get("initial_eval"),
-            "n_eval": n_eval, "steps": totals["steps"], "samples": samples, "losses": losses, "totals": totals}
+            "n_eval": n_eval, "steps": totals["steps"], "samples": samples, "losses": losses,
+            "mismatch_kl": sum(kl) / len(kl) if kl else None, "totals": totals}

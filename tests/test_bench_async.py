@@ -50,7 +50,8 @@ def test_an_async_run_measured_from_its_state_and_records(tmp_path):
          ("async-g1-a1", "finished", 101.0, 111.0), ("async-g2-a1", "failed", 112.0, 116.0),
          ("eval-s2-a1", "finished", 112.0, 120.0)])
     state = {"mode": "async", "initial_eval": 0.25,
-             "steps": [{"samples": 8, "train_log": {"loss": 0.5}}, {"samples": 8, "train_log": {"loss": -0.1}}],
+             "steps": [{"samples": 8, "train_log": {"loss": 0.5, "mismatch/kl": 0.002}},
+                       {"samples": 8, "train_log": {"loss": -0.1, "mismatch/kl": 0.004}}],
              "evals": [{"success": 0.5}, {"success": 0.75}],
              "totals": {"steps": 2, "train_s": 4.0, "mean_staleness": 0.5, "max_staleness": 1, "dropped_stale": 0}}
     (tmp_path / "loop_state.json").write_text(json.dumps(state))
@@ -61,6 +62,7 @@ def test_an_async_run_measured_from_its_state_and_records(tmp_path):
     # 8 s, above the trainer's 4 s
     assert (f["rollout_s"], f["rollouts"], f["bound_s"]) == (16.0, 2, 8.0)
     assert (f["held_out"], f["curve"], f["steps"], f["samples"], f["losses"]) == (0.75, [0.5, 0.75], 2, 16, [0.5, -0.1])
+    assert f["mismatch_kl"] == pytest.approx(0.003)
 
 
 def test_report_pairs_seeds_and_checks_the_targets(tmp_path):
@@ -70,11 +72,13 @@ def test_report_pairs_seeds_and_checks_the_targets(tmp_path):
         return {"seed": seed, "wall_s": wall, "trainer_idle": 1 - train_s / wall, "inference_idle": 0.5,
                 "bound_s": 100.0, "mean_staleness": 0.0 if mode == "sync" else 1.0,
                 "max_staleness": 0 if mode == "sync" else 2, "dropped_stale": 0, "steps": 12, "samples": 384,
-                "held_out": held, "n_eval": 32, "losses": [0.1]}
+                "held_out": held, "n_eval": 32, "losses": [0.1], "mismatch_kl": 0.01 if mode == "sync" else 0.03}
 
     runs = {"sync/0": run(0, "sync", 300, 90, 0.5), "sync/1": run(1, "sync", 200, 90, 0.5),
             "async/0": run(0, "async", 120, 80, 0.5), "async/1": run(1, "async", 100, 80, 0.5)}
-    text = report.report({"args": {"out": str(tmp_path)}, "toolbox": runs})
+    text = report.report({"args": {"out": str(tmp_path)}, "pinned": runs})  # any family or layout name
+    assert "### pinned: 2 seed(s) 0, 1" in text
+    assert text.count("| 0.1 / 0.1 | 0.01 |") == 1 and text.count("| 0.1 / 0.1 | 0.03 |") == 1  # mismatch KL
     # by seed: 120/300 = 0.40, 100/200 = 0.50 → mean 0.45 ≤ 0.5; wall ÷ bound 1.20, 1.00 → 1.10 ≤ 1.25;
     # trainer idle 1 − 80/120 = 0.33 and 1 − 80/100 = 0.20 → mean 0.27 > 0.20
     assert "wall ÷ sync's (by seed): 0.45 (0.40–0.50), target ≤ 0.5: met" in text
@@ -105,3 +109,21 @@ def test_the_gpu_recipes_load_and_the_async_command_uses_the_loops_flags():
              for n in flag_names(cls, f.name)}
     used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", loop.split("'")[0] + loop.split("'")[-1]))
     assert {"--async", "--groups-per-step", "--max-staleness", "--eval-every"} <= used and used <= known, used - known
+
+
+def test_the_real_benchs_corrections_are_train_options():
+    """bench/async_real.py's modes each load as the trainer's config, the correction they name on."""
+    import yaml
+
+    from harnessrl.trainer.config import TrainConfig
+
+    real = _load("async_real")
+    seen = set()
+    for mode, text in real.CORRECTIONS.items():
+        cfg = TrainConfig(samples="s", model="m", algo="grpo", **yaml.safe_load(text))
+        cfg.validate()
+        seen.add((cfg.tis, cfg.tis_mode, cfg.tis_level, cfg.tis_band()))
+    assert seen == {(True, "truncate", "sequence", (0.0, 2.0)), (True, "mask", "token", (0.0, 2.0)),
+                    (True, "icepop", "token", (0.5, 5.0))}
+    with pytest.raises(SystemExit):
+        real.parse_args(["--modes", "async,async-typo"])
