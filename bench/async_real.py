@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> None:
                                            train_yaml=budget, launch=(loop_prefix, loop_env))
                 results.setdefault(layout, {})[f"{mode}/{seed}"] = {**figures, "layout": layout}
                 results_path.write_text(json.dumps(results, indent=2))
+                for weights in (*(args.out / layout).glob(f"{mode}-{seed}/**/model.safetensors"),
+                                *(args.out / layout).glob(f"{mode}-{seed}/**/optimizer.pt")):
+                    weights.unlink()  # 5 GB a run (a checkpoint a step); its records and state stay
 
 
 def setup(args: argparse.Namespace) -> tuple[Path, Path]:
