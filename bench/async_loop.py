@@ -106,21 +106,27 @@ def run(args: argparse.Namespace) -> None:
     """Each family's runs into --out/results.json, saved after each; a run that an earlier one with
     the same sizes left there is kept (a benchmark cut short resumes, or runs in parts: --families,
     --seeds and --modes may differ between the parts)."""
-    args.out.mkdir(parents=True, exist_ok=True)
-    results_path = args.out / "results.json"
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "report_only"}
-    results = {"args": settings, "toolbox": {}, "coding": {}}
-    parts = ("families", "seeds", "modes")
-    if results_path.is_file():
-        old = json.loads(results_path.read_text())
-        if {k: v for k, v in old["args"].items() if k not in parts} == {k: v for k, v in settings.items()
-                                                                         if k not in parts}:
-            results = {**old, "args": settings}
+    results_path, results = ledger(args, ("families", "seeds", "modes"), {"toolbox": {}, "coding": {}})
     base = _base_model(args)
     if "toolbox" in args.families.split(","):
         _toolbox(args, base, results, results_path)
     if "coding" in args.families.split(","):
         _coding(args, base, results, results_path)
+
+
+def ledger(args: argparse.Namespace, parts: tuple[str, ...], empty: dict) -> tuple[Path, dict]:
+    """--out/results.json and the runs it holds when they were made with the same settings but for
+    `parts` (the flags that choose which runs, not how each runs); else `empty`."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "report_only"}
+    results = {"args": settings, **empty}
+    if results_path.is_file():
+        old = json.loads(results_path.read_text())
+        if {k: v for k, v in old["args"].items() if k not in parts} == {k: v for k, v in settings.items()
+                                                                         if k not in parts}:
+            results = {**old, "args": settings}
+    return results_path, results
 
 
 def _toolbox(args: argparse.Namespace, base: str, results: dict, results_path: Path) -> None:

@@ -97,16 +97,7 @@ def run(args: argparse.Namespace) -> None:
     """Each layout's runs into --out/results.json, saved after each; runs of the same sizes already
     there are kept (the benchmark resumes, or runs in parts)."""
     async_loop.CORRECTIONS.update(CORRECTIONS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results_path = args.out / "results.json"
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "report_only"}
-    results: dict = {"args": settings}
-    parts = ("layouts", "seeds", "modes")
-    if results_path.is_file():
-        old = json.loads(results_path.read_text())
-        if {k: v for k, v in old["args"].items() if k not in parts} == {k: v for k, v in settings.items()
-                                                                         if k not in parts}:
-            results = {**old, "args": settings}
+    results_path, results = async_loop.ledger(args, ("layouts", "seeds", "modes"), {})
     tasks_file, warm = setup(args)
     budget = "max_tokens_per_microbatch: 32768\n"  # one micro-batch a step, as the real demo (demo_config.REAL)
     harness = ["--harness", "assistant", "--tasks", str(tasks_file), "--model", str(warm),
